@@ -1,0 +1,71 @@
+"""The exceptions stacklib raises.
+
+Two families, kept apart on purpose (see docs/architecture.md, "Bad input and misuse"):
+
+* Malformed input from the network is never an exception that escapes a layer: layers drop it and
+  count the reason in their statistics.  Parsers raise :class:`FormatError` (one subclass per wire
+  format) and the layer that called the parser catches it.
+* Misuse of an API by the program (a descriptor outside the segment through a helper, a channel
+  the caller does not own, a stack whose layers do not fit) raises an exception that names the
+  problem.
+"""
+
+from __future__ import annotations
+
+
+class StacklibError(Exception):
+    """Base class of every exception stacklib raises on purpose."""
+
+
+class FormatError(StacklibError, ValueError):
+    """Malformed bytes for a wire format.  Each format module defines one subclass."""
+
+
+class ConfigError(StacklibError, ValueError):
+    """A recipe or parameter set is invalid.
+
+    The message names where the problem is (file and key path) and why.
+    """
+
+    def __init__(self, where: str, key: str, reason: str) -> None:
+        self.where = where
+        self.key = key
+        self.reason = reason
+        location = f"{where}: {key}" if key else where
+        super().__init__(f"{location}: {reason}")
+
+
+class UNetError(StacklibError):
+    """Misuse of the U-Net interface (paper 000 §3)."""
+
+
+class PermissionDenied(UNetError, PermissionError):  # noqa: N818 - reads like the OS's EPERM
+    """The OS service refused a request: wrong owner, unauthorized tag or route."""
+
+
+class ChannelError(UNetError):
+    """A channel cannot be created or used: unknown id, tag already registered, closed."""
+
+
+class SegmentError(UNetError, IndexError):
+    """An access through the API falls outside a communication segment."""
+
+
+class EndpointClosed(UNetError):
+    """The endpoint was closed (by its owner, or reclaimed by the OS service)."""
+
+
+class AssemblyError(StacklibError):
+    """Layers of a stack do not fit: a layer needs a service the one below does not provide."""
+
+
+class LocalProtocolError(StacklibError):
+    """The application asked a protocol layer for something its rules forbid."""
+
+
+class RemoteProtocolError(StacklibError):
+    """The peer broke the protocol in a way the layer cannot recover from."""
+
+
+class PeerUnreachable(StacklibError):
+    """A reliable layer gave up on a peer that stopped answering."""
