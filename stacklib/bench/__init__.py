@@ -1,0 +1,93 @@
+"""Workloads and measurements, registered by name so recipes can pick them.
+
+A workload runs on a :class:`Session`: the top service of the stack on each node of a network,
+and the peer ids that reach the other nodes.  It returns a :class:`~stacklib.bench.result.Result`.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from stacklib.bench.pingpong import PingPongParams, pingpong
+from stacklib.bench.result import Column, Result
+from stacklib.services import DatagramService, Service
+from stacklib.sim import World
+
+
+@attrs.frozen
+class Session:
+    """What a workload runs on."""
+
+    world: World
+    network: Any
+    #: The top service of the stack on each node, in node order.
+    services: Sequence[Service]
+    #: ``peers[i][j]``: the peer id node ``i`` uses to reach node ``j``.
+    peers: Sequence[Mapping[int, int]]
+
+
+Runner = Callable[[Session, Any], Awaitable[Result]]
+
+
+@attrs.frozen
+class WorkloadKind:
+    """A registered workload: its parameters, how to run it, and how many nodes it needs."""
+
+    name: str
+    Params: type[Any]
+    run: Runner
+    description: str
+    nodes: int = 2
+    #: The service the workload drives (the stack's top must provide it).
+    requires: type[Service] = DatagramService
+
+
+WORKLOADS: dict[str, WorkloadKind] = {}
+
+
+def register_workload(kind: WorkloadKind) -> WorkloadKind:
+    """Make a workload available to recipes under ``kind.name``."""
+    if kind.name in WORKLOADS and WORKLOADS[kind.name] is not kind:
+        raise ValueError(f"workload name {kind.name!r} is taken")
+    WORKLOADS[kind.name] = kind
+    return kind
+
+
+def workload_kind(name: str) -> WorkloadKind:
+    """The workload registered as ``name``; ``KeyError`` names the known ones."""
+    try:
+        return WORKLOADS[name]
+    except KeyError:
+        known = ", ".join(sorted(WORKLOADS)) or "none"
+        raise KeyError(f"no workload named {name!r} (known workloads: {known})") from None
+
+
+async def _run_pingpong(session: Session, params: PingPongParams) -> Result:
+    # The recipe loader checked that the stack's top provides DatagramService.
+    client = typing.cast(DatagramService, session.services[0])
+    server = typing.cast(DatagramService, session.services[1])
+    return await pingpong(client, server, session.peers[0][1], params)
+
+
+register_workload(
+    WorkloadKind(
+        name="pingpong",
+        Params=PingPongParams,
+        run=_run_pingpong,
+        description="round-trip time vs message size between two nodes",
+    )
+)
+
+__all__ = [
+    "WORKLOADS",
+    "Column",
+    "Result",
+    "Session",
+    "WorkloadKind",
+    "register_workload",
+    "workload_kind",
+]

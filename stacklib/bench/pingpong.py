@@ -1,0 +1,102 @@
+"""Ping-pong: round-trip time against message size (paper 000 Fig 3, paper 004 §4).
+
+One side sends a message of ``size`` bytes, the other echoes it back, ``iterations`` times per
+size after ``warmup`` untimed round trips.  Time comes from trio, so the same workload measures
+virtual time on a simulated NI and real time on a real transport.
+"""
+
+from __future__ import annotations
+
+import statistics as stats
+import time
+
+import attrs
+import trio
+
+from stacklib.bench.result import Column, Result
+from stacklib.services import DatagramService
+
+
+def _sizes_valid(
+    instance: object, attribute: attrs.Attribute[tuple[int, ...]], value: tuple[int, ...]
+) -> None:
+    if not value:
+        raise ValueError("sizes must not be empty")
+    if any(size < 0 for size in value):
+        raise ValueError("sizes must not be negative")
+
+
+@attrs.frozen
+class PingPongParams:
+    """Recipe parameters of the ping-pong workload."""
+
+    sizes: tuple[int, ...] = attrs.field(
+        default=(0, 16, 40, 100, 500, 1000, 1500), converter=tuple, validator=_sizes_valid
+    )
+    iterations: int = attrs.field(default=1000, validator=attrs.validators.ge(1))
+    warmup: int = attrs.field(default=10, validator=attrs.validators.ge(0))
+
+
+async def echo(service: DatagramService) -> None:
+    """Send every message back to where it came from, forever."""
+    while True:
+        peer, data = await service.recv()
+        await service.send(peer, data)
+
+
+async def pingpong(
+    client: DatagramService, server: DatagramService, peer: int, params: PingPongParams
+) -> Result:
+    """Measure round trips from ``client`` to ``server`` (reached as ``peer``) and back."""
+    rows = []
+    wall_start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(echo, server)
+        for size in params.sizes:
+            if size > client.max_message:
+                raise ValueError(
+                    f"ping-pong size {size} exceeds the stack's maximum message "
+                    f"({client.max_message} bytes)"
+                )
+            message = bytes(i & 0xFF for i in range(size))
+            for _ in range(params.warmup):
+                await client.send(peer, message)
+                await client.recv()
+            samples = []
+            now = trio.current_time
+            for _ in range(params.iterations):
+                start = now()
+                await client.send(peer, message)
+                _, reply = await client.recv()
+                samples.append(now() - start)
+                if reply != message:
+                    raise RuntimeError(f"ping-pong reply of {len(reply)} bytes differs")
+            mean = stats.fmean(samples)
+            rows.append(
+                {
+                    "size": size,
+                    "rtt_us": mean * 1e6,
+                    "min_us": min(samples) * 1e6,
+                    "median_us": stats.median(samples) * 1e6,
+                    "round_trips_per_s": 1.0 / mean if mean > 0 else None,
+                }
+            )
+        nursery.cancel_scope.cancel()
+    wall = time.perf_counter() - wall_start
+    messages = 2 * (params.iterations + params.warmup) * len(params.sizes)
+    return Result(
+        title="ping-pong round-trip time",
+        columns=[
+            Column("size", "size", "bytes"),
+            Column("rtt_us", "RTT mean", "us", 2),
+            Column("min_us", "RTT min", "us", 2),
+            Column("median_us", "RTT median", "us", 2),
+            Column("round_trips_per_s", "round trips/s", "", 0),
+        ],
+        rows=rows,
+        facts={
+            "messages": messages,
+            "wall_seconds": wall,
+            "messages_per_wall_second": messages / wall if wall > 0 else None,
+        },
+    )

@@ -1,0 +1,233 @@
+"""The ``stacklib`` command.
+
+    stacklib list                      recipes, one line each
+    stacklib run RECIPE [--json]       run a recipe's workload and print its table
+    stacklib decode FORMAT HEX         pretty-print a frame or descriptor
+    stacklib bench ...                 benchmarks (wall-clock performance of stacklib itself)
+    stacklib reproduce                 the papers' experiments: paper vs measured
+
+Exit status: 0 on success, 1 when a reproduced figure is outside its tolerance, 2 for a usage or
+recipe error (the message names the file, the key and the reason).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tomllib
+from collections.abc import Sequence
+from typing import Any
+
+from stacklib import __version__
+from stacklib.errors import ConfigError, FormatError, StacklibError
+
+
+def _parse_assignment(text: str) -> tuple[list[str], object]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise ConfigError("--set", text, "expected KEY=VALUE, e.g. workload.iterations=100")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # a bare word is taken as a string: --set run.clock=virtual
+    return key.split("."), value
+
+
+def _apply_overrides(data: dict[str, Any], assignments: Sequence[str]) -> None:
+    for text in assignments:
+        path, value = _parse_assignment(text)
+        table = data
+        for part in path[:-1]:
+            table = table.setdefault(part, {})
+            if not isinstance(table, dict):
+                raise ConfigError("--set", text, f"{part} is not a table")
+        table[path[-1]] = value
+
+
+def _load(recipe: str, assignments: Sequence[str]) -> Any:
+    from stacklib.recipes import find_recipe, parse_recipe
+
+    path = find_recipe(recipe)
+    try:
+        with path.open("rb") as handle:
+            data = tomllib.load(handle)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(str(path), "", f"not valid TOML: {error}") from None
+    _apply_overrides(data, assignments)
+    return parse_recipe(data, str(path), path)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from stacklib.recipes import list_recipes
+
+    recipes = list_recipes()
+    if args.json:
+        print(json.dumps([{"name": n, "description": d, "path": str(p)} for n, d, p in recipes]))
+        return 0
+    if not recipes:
+        print("no recipes found (looked in $STACKLIB_RECIPES, ./recipes and the package's)")
+        return 0
+    width = max(len(name) for name, _, _ in recipes)
+    for name, description, _ in recipes:
+        print(f"{name.ljust(width)}  {description}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from stacklib.recipes import run_recipe
+
+    recipe = _load(args.recipe, args.set)
+    result = run_recipe(recipe, seed=args.seed)
+    if args.json:
+        print(result.to_json())
+    else:
+        print(f"{recipe.name}: {recipe.description}")
+        print(result.format_table())
+    return 0
+
+
+def cmd_decode(args: argparse.Namespace) -> int:
+    from stacklib.wire import registry
+
+    if args.list or args.format is None:
+        for name, info in sorted(registry.formats().items()):
+            print(f"{name.ljust(16)}  {info.summary}")
+        return 0
+    if args.hex is None:
+        raise ConfigError("decode", "HEX", "missing the bytes to decode")
+    text = "".join(args.hex).replace(":", "").replace(" ", "")
+    try:
+        data = bytes.fromhex(text)
+    except ValueError:
+        raise ConfigError("decode", "HEX", f"not hexadecimal: {text[:40]!r}") from None
+    print(registry.decode(args.format, data))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from stacklib.bench import core
+
+    if args.bench == "core":
+        result = core.bench_core(iterations=args.iterations, size=args.size, repeat=args.repeat)
+    else:
+        from stacklib.bench.pingpong import PingPongParams
+        from stacklib.recipes import run_recipe
+
+        recipe = _load(args.recipe, args.set)
+        params = PingPongParams(
+            sizes=tuple(args.sizes) if args.sizes else recipe.workload_params.sizes,
+            iterations=args.iterations,
+            warmup=max(1, args.iterations // 20),
+        )
+        if recipe.workload.name != "pingpong":
+            raise ConfigError(str(recipe.path), "workload.kind", "bench pingpong needs pingpong")
+        result = run_recipe(recipe, workload_params=params)
+    print(result.to_json() if args.json else result.format_table())
+    return 0
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from stacklib.reproduce import run_experiments
+
+    return run_experiments(only=args.only, as_json=args.json, plots=args.plots)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stacklib",
+        description=(
+            "Composable user-level network protocol stacks: U-Net, its network interfaces "
+            "and protocols, simulated in virtual time and run for real."
+        ),
+        epilog="Docs: README.md and docs/ in the source tree.",
+    )
+    parser.add_argument("--version", action="version", version=f"stacklib {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = commands.add_parser("list", help="list the recipes with a one-line description each")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_list)
+
+    set_help = (
+        "override a recipe value before validation, KEY=VALUE with a dotted key and a TOML "
+        "value, e.g. --set workload.iterations=100 (repeatable)"
+    )
+    p = commands.add_parser(
+        "run",
+        help="run a recipe's workload and print its results",
+        description="Load RECIPE (a name from `stacklib list` or a path), validate it strictly, "
+        "build the stack on its transport and run its workload.",
+    )
+    p.add_argument("recipe", metavar="RECIPE", help="recipe name or path to a .toml file")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--seed", type=int, default=None, help="override the recipe's seed")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
+    p.set_defaults(func=cmd_run)
+
+    p = commands.add_parser(
+        "decode",
+        help="pretty-print a frame or descriptor given in hex",
+        description="Decode HEX as FORMAT and print its fields. Without FORMAT, or with --list, "
+        "list the known formats.",
+    )
+    p.add_argument("format", metavar="FORMAT", nargs="?", help="format name (see --list)")
+    p.add_argument("hex", metavar="HEX", nargs="*", help="the bytes, in hex (spaces allowed)")
+    p.add_argument("--list", action="store_true", help="list the known formats")
+    p.set_defaults(func=cmd_decode)
+
+    p = commands.add_parser(
+        "bench",
+        help="benchmarks of stacklib's own speed (wall clock)",
+        description="Wall-clock benchmarks. Figures belong in docs/performance.md with the "
+        "command that produced them; compare ratios measured in one run.",
+    )
+    benches = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    b = benches.add_parser(
+        "core",
+        help="raw U-Net ping-pong over the memory transport vs a bare trio memory channel",
+    )
+    b.add_argument("--iterations", type=int, default=20000, help="round trips per run")
+    b.add_argument("--size", type=int, default=40, help="message size in bytes")
+    b.add_argument("--repeat", type=int, default=3, help="runs of each; the best is kept")
+    b.add_argument("--json", action="store_true", help="print JSON")
+    b.set_defaults(func=cmd_bench)
+    b = benches.add_parser("pingpong", help="round-trip time vs size on a recipe's stack")
+    b.add_argument("recipe", metavar="RECIPE", help="recipe name or path")
+    b.add_argument("--sizes", type=int, nargs="+", help="message sizes in bytes")
+    b.add_argument("--iterations", type=int, default=1000, help="round trips per size")
+    b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
+    b.add_argument("--json", action="store_true", help="print JSON")
+    b.set_defaults(func=cmd_bench)
+
+    p = commands.add_parser(
+        "reproduce",
+        help="run the papers' experiments and print paper vs measured",
+        description="Run every reproduced experiment on the simulated NIs and print, per "
+        "figure, the paper's value, the measured value and the deviation. Exits 1 if one is "
+        "outside its stated tolerance.",
+    )
+    p.add_argument("--only", metavar="NAME", action="append", help="run only these experiments")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--plots", metavar="DIR", help="also draw plots into DIR (needs matplotlib)")
+    p.set_defaults(func=cmd_reproduce)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        status: int = args.func(args)
+    except ConfigError as error:
+        print(f"stacklib: {error}", file=sys.stderr)
+        return 2
+    except (FormatError, StacklibError, KeyError) as error:
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        print(f"stacklib: {message}", file=sys.stderr)
+        return 2
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

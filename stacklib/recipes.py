@@ -1,0 +1,300 @@
+"""Recipes: TOML files that name a transport, the layers bottom-up and a workload.
+
+A recipe is validated strictly when loaded: an unknown key, a value of the wrong type, an
+unknown transport, layer or workload, or layers that do not fit together is a
+:class:`~stacklib.errors.ConfigError` naming the file, the key and the reason.  See
+docs/recipes.md for the format.
+
+Example::
+
+    description = "Raw U-Net ping-pong over the in-process memory transport"
+
+    [run]
+    clock = "real"          # or "virtual": a deterministic simulation
+    seed = 0
+
+    [transport]
+    kind = "memory"
+    latency_us = 0.0
+
+    [endpoint]              # EndpointConfig fields, plus emulated = true|false
+    rx_buffers = 32
+
+    [[layers]]              # bottom-up; none means raw U-Net
+    kind = "arq"
+    rto_us = 1000.0
+
+    [workload]
+    kind = "pingpong"
+    sizes = [0, 40, 1000]
+    iterations = 1000
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+import trio
+
+from stacklib.bench import Result, Session, WorkloadKind, workload_kind
+from stacklib.config import structure
+from stacklib.errors import AssemblyError, ConfigError
+from stacklib.services import Service, UNetService
+from stacklib.sim import CostProfile, RealWorld, Simulation, World
+from stacklib.stack import Layer, check_fit, layer_class, open_stack
+from stacklib.transports import TransportKind, transport_kind
+from stacklib.unet import Endpoint, EndpointConfig, connect
+
+#: Where recipe names are looked up, in order: $STACKLIB_RECIPES (a path list), ./recipes,
+#: and the recipes/ folder next to the installed package (the repository's, for an editable
+#: install).
+PACKAGE_RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+
+
+def recipe_dirs() -> list[Path]:
+    dirs = [Path(p) for p in os.environ.get("STACKLIB_RECIPES", "").split(os.pathsep) if p]
+    dirs += [Path.cwd() / "recipes", PACKAGE_RECIPES]
+    unique: list[Path] = []
+    for directory in dirs:
+        if directory.is_dir() and directory.resolve() not in [u.resolve() for u in unique]:
+            unique.append(directory)
+    return unique
+
+
+@attrs.frozen
+class RunSettings:
+    """The ``[run]`` table: which clock, which seed."""
+
+    clock: Literal["real", "virtual"] = "real"
+    seed: int = 0
+
+
+@attrs.frozen
+class Recipe:
+    """A loaded, validated recipe."""
+
+    name: str
+    path: Path
+    description: str
+    run: RunSettings
+    transport: TransportKind
+    transport_params: Any
+    endpoint: EndpointConfig
+    emulated: bool
+    layers: tuple[tuple[type[Layer], Any], ...]
+    workload: WorkloadKind
+    workload_params: Any
+    profile: CostProfile | None
+
+    def make_layers(self) -> list[Layer]:
+        """Fresh layer objects for one node's stack."""
+        return [cls(params) for cls, params in self.layers]
+
+
+_TOP_KEYS = {"description", "run", "transport", "endpoint", "host", "layers", "workload"}
+
+
+def _table(data: Mapping[str, object], key: str, where: str) -> Mapping[str, object]:
+    value = data.get(key, {})
+    if not isinstance(value, Mapping):
+        raise ConfigError(where, key, f"expected a table, got {type(value).__name__}")
+    return value
+
+
+def _kind(table: Mapping[str, object], where: str, key: str) -> tuple[str, dict[str, object]]:
+    rest = dict(table)
+    kind = rest.pop("kind", None)
+    if not isinstance(kind, str):
+        raise ConfigError(where, f"{key}.kind", "missing or not a string")
+    return kind, rest
+
+
+def find_recipe(name_or_path: str | os.PathLike[str]) -> Path:
+    """The file of a recipe given by path or by name (``unet-memory-pingpong``)."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    name = path.name.removesuffix(".toml")
+    for directory in recipe_dirs():
+        candidate = directory / f"{name}.toml"
+        if candidate.is_file():
+            return candidate
+    searched = ", ".join(str(d) for d in recipe_dirs()) or "no recipe folders found"
+    raise ConfigError(str(name_or_path), "", f"no such recipe file or name (searched {searched})")
+
+
+def load_recipe(name_or_path: str | os.PathLike[str]) -> Recipe:
+    """Load and validate a recipe."""
+    path = find_recipe(name_or_path)
+    where = str(path)
+    try:
+        with path.open("rb") as handle:
+            data = tomllib.load(handle)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(where, "", f"not valid TOML: {error}") from None
+    return parse_recipe(data, where, path)
+
+
+def parse_recipe(data: Mapping[str, object], where: str, path: Path | None = None) -> Recipe:
+    """Validate recipe data (as parsed from TOML)."""
+    unknown = sorted(set(data) - _TOP_KEYS)
+    if unknown:
+        raise ConfigError(
+            where, unknown[0], f"unknown key (known keys: {', '.join(sorted(_TOP_KEYS))})"
+        )
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise ConfigError(where, "description", "expected a string")
+    run = structure(RunSettings, _table(data, "run", where), where, "run")
+
+    kind_name, params = _kind(_table(data, "transport", where), where, "transport")
+    try:
+        transport = transport_kind(kind_name)
+    except KeyError as error:
+        raise ConfigError(where, "transport.kind", str(error.args[0])) from None
+    if transport.clock != "any" and transport.clock != run.clock:
+        raise ConfigError(
+            where, "run.clock", f"transport {kind_name!r} runs only in {transport.clock} time"
+        )
+    transport_params = structure(transport.Params, params, where, "transport")
+
+    endpoint_table = dict(_table(data, "endpoint", where))
+    emulated = endpoint_table.pop("emulated", False)
+    if not isinstance(emulated, bool):
+        raise ConfigError(where, "endpoint.emulated", "expected true or false")
+    endpoint = structure(EndpointConfig, endpoint_table, where, "endpoint")
+
+    host = _table(data, "host", where)
+    unknown = sorted(set(host) - {"profile"})
+    if unknown:
+        raise ConfigError(where, f"host.{unknown[0]}", "unknown key (known keys: profile)")
+    profile = None
+    if "profile" in host:
+        profile_table = host["profile"]
+        if not isinstance(profile_table, Mapping):
+            raise ConfigError(where, "host.profile", "expected a table")
+        try:
+            profile = CostProfile.from_mapping(profile_table, where)
+        except ConfigError as error:
+            raise ConfigError(where, f"host.profile.{error.key}", error.reason) from None
+
+    raw_layers = data.get("layers", [])
+    if not isinstance(raw_layers, list):
+        raise ConfigError(where, "layers", "expected an array of tables ([[layers]])")
+    layers = []
+    for index, raw in enumerate(raw_layers):
+        key = f"layers[{index}]"
+        if not isinstance(raw, Mapping):
+            raise ConfigError(where, key, "expected a table")
+        layer_name, params = _kind(raw, where, key)
+        try:
+            cls = layer_class(layer_name)
+        except KeyError as error:
+            raise ConfigError(where, f"{key}.kind", str(error.args[0])) from None
+        layers.append((cls, structure(cls.Params, params, where, key)))
+
+    workload_name, params = _kind(_table(data, "workload", where), where, "workload")
+    try:
+        workload = workload_kind(workload_name)
+    except KeyError as error:
+        raise ConfigError(where, "workload.kind", str(error.args[0])) from None
+    workload_params = structure(workload.Params, params, where, "workload")
+
+    layer_objects = [cls(p) for cls, p in layers]
+    try:
+        check_fit(UNetService, layer_objects)
+    except AssemblyError as error:
+        raise ConfigError(where, "layers", str(error)) from None
+    top = layer_objects[-1].provides if layer_objects else UNetService
+    if not issubclass(top, workload.requires):
+        raise ConfigError(
+            where,
+            "workload.kind",
+            f"workload {workload_name!r} needs a {workload.requires.kind!r} service but the "
+            f"stack's top provides {top.kind!r}",
+        )
+    name = path.stem if path is not None else "recipe"
+    return Recipe(
+        name=name,
+        path=path if path is not None else Path(where),
+        description=description,
+        run=run,
+        transport=transport,
+        transport_params=transport_params,
+        endpoint=endpoint,
+        emulated=emulated,
+        layers=tuple(layers),
+        workload=workload,
+        workload_params=workload_params,
+        profile=profile,
+    )
+
+
+def list_recipes() -> list[tuple[str, str, Path]]:
+    """(name, description, path) of every recipe in the recipe folders, by name."""
+    found: dict[str, tuple[str, str, Path]] = {}
+    for directory in recipe_dirs():
+        for path in sorted(directory.glob("*.toml")):
+            if path.stem in found:
+                continue
+            try:
+                with path.open("rb") as handle:
+                    description = tomllib.load(handle).get("description", "")
+            except (OSError, tomllib.TOMLDecodeError) as error:
+                description = f"(unreadable: {error})"
+            found[path.stem] = (path.stem, str(description), path)
+    return [found[name] for name in sorted(found)]
+
+
+async def _run(recipe: Recipe, world: World, params: Any) -> Result:
+    names = [f"node{i}" for i in range(recipe.workload.nodes)]
+    network = recipe.transport.build(world, recipe.transport_params, names, recipe.profile)
+    nodes = [network.nodes[name] for name in names]
+    endpoints = [
+        node.os.create_endpoint(
+            node.os.process(f"{recipe.name}@{node.name}"), recipe.endpoint, emulated=recipe.emulated
+        )
+        for node in nodes
+    ]
+    peers: list[dict[int, int]] = [{} for _ in nodes]
+    for i in range(len(nodes)):
+        for j in range(i + 1, len(nodes)):
+            peers[i][j], peers[j][i] = connect(endpoints[i], endpoints[j])
+    async with _open_stacks(recipe, endpoints) as services:
+        session = Session(world, network, services, peers)
+        return await recipe.workload.run(session, params)
+
+
+@asynccontextmanager
+async def _open_stacks(
+    recipe: Recipe, endpoints: Sequence[Endpoint]
+) -> AsyncIterator[list[Service]]:
+    """One stack per endpoint, each with its own layer objects."""
+    async with AsyncExitStack() as stack:
+        services = [
+            await stack.enter_async_context(open_stack(UNetService(ep), recipe.make_layers()))
+            for ep in endpoints
+        ]
+        yield services
+
+
+def run_recipe(recipe: Recipe, *, seed: int | None = None, workload_params: Any = None) -> Result:
+    """Run a recipe's workload and return its result.
+
+    ``seed`` overrides the recipe's; ``workload_params`` replaces its workload parameters.
+    """
+    run_seed = recipe.run.seed if seed is None else seed
+    params = recipe.workload_params if workload_params is None else workload_params
+    if recipe.run.clock == "virtual":
+        sim = Simulation(seed=run_seed)
+        result: Result = sim.run(_run, recipe, sim, params)
+        return attrs.evolve(result, facts={**result.facts, "clock": "virtual", "seed": run_seed})
+    world = RealWorld(seed=run_seed)
+    result = trio.run(_run, recipe, world, params)
+    return attrs.evolve(result, facts={**result.facts, "clock": "real"})

@@ -1,0 +1,128 @@
+"""``stacklib reproduce``: the papers' experiments, paper value vs measured value.
+
+Experiments register here with the figures they reproduce; each figure carries the paper's
+value, where it comes from, and a tolerance.  Running them prints a table per experiment and the
+deviation of every figure, and the exit status is 1 if any figure is outside its tolerance.
+See docs/reproduction.md.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+
+import attrs
+
+
+@attrs.frozen
+class Figure:
+    """One number the paper states and the value measured for it."""
+
+    name: str
+    paper: float
+    measured: float
+    unit: str
+    cite: str
+    #: Allowed relative deviation (0.10 = 10%).
+    tolerance: float = 0.10
+
+    @property
+    def deviation(self) -> float:
+        """Relative deviation of the measured value from the paper's."""
+        return (self.measured - self.paper) / self.paper if self.paper else 0.0
+
+    @property
+    def ok(self) -> bool:
+        return abs(self.deviation) <= self.tolerance
+
+
+@attrs.frozen
+class Experiment:
+    """A registered experiment: a name, what it reproduces, and the function that runs it."""
+
+    name: str
+    title: str
+    run: Callable[[], Sequence[Figure]]
+
+
+EXPERIMENTS: dict[str, Experiment] = {}
+
+
+def register_experiment(experiment: Experiment) -> Experiment:
+    """Add an experiment to ``stacklib reproduce``."""
+    EXPERIMENTS[experiment.name] = experiment
+    return experiment
+
+
+def _load_builtin() -> None:
+    # Experiments register when their modules are imported; simulated NIs add theirs.
+    pass
+
+
+def format_figures(title: str, figures: Sequence[Figure]) -> str:
+    """A paper-vs-measured table."""
+    headings = ("figure", "paper", "measured", "deviation", "tolerance", "source")
+    rows = [
+        (
+            f.name,
+            f"{f.paper:g} {f.unit}",
+            f"{f.measured:.4g} {f.unit}",
+            f"{f.deviation:+.1%}",
+            f"±{f.tolerance:.0%}" + ("" if f.ok else "  OUTSIDE"),
+            f.cite,
+        )
+        for f in figures
+    ]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headings)]
+    lines = [title, "  ".join(h.ljust(w) for h, w in zip(headings, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(lines)
+
+
+def run_experiments(
+    only: Sequence[str] | None = None, as_json: bool = False, plots: str | None = None
+) -> int:
+    """Run the selected experiments, print the results; 1 if a figure is out of tolerance."""
+    _load_builtin()
+    selected = list(EXPERIMENTS.values())
+    if only:
+        unknown = [name for name in only if name not in EXPERIMENTS]
+        if unknown:
+            known = ", ".join(sorted(EXPERIMENTS)) or "none yet"
+            raise KeyError(f"no experiment named {unknown[0]!r} (known: {known})")
+        selected = [EXPERIMENTS[name] for name in only]
+    if not selected:
+        print(
+            "stacklib reproduce: no experiments are registered yet. They arrive with the "
+            "simulated network interfaces (SBA-100, SBA-200, PCA-200, DC21140, Myrinet); "
+            "see docs/reproduction.md."
+        )
+        return 0
+    failures = 0
+    report = []
+    for experiment in selected:
+        start = time.perf_counter()
+        figures = list(experiment.run())
+        wall = time.perf_counter() - start
+        failures += sum(not f.ok for f in figures)
+        if as_json:
+            report.append(
+                {
+                    "name": experiment.name,
+                    "title": experiment.title,
+                    "wall_seconds": wall,
+                    "figures": [
+                        {**attrs.asdict(f), "deviation": f.deviation, "ok": f.ok} for f in figures
+                    ],
+                }
+            )
+        else:
+            print(format_figures(f"{experiment.title}  [{wall:.1f} s]", figures))
+            print()
+    if as_json:
+        print(json.dumps(report, indent=2))
+    elif failures:
+        print(f"{failures} figure(s) outside tolerance")
+    return 1 if failures else 0

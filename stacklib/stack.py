@@ -1,0 +1,115 @@
+"""Layers and stacks: composing protocols bottom-up over a transport.
+
+A layer (paper 000 §7.2's "toolbox" piece) is three things side by side: a construct wire format
+for its PDU, a sans-IO core holding the protocol state (events in; PDUs, deliveries and the next
+timer deadline out; no I/O, no clock), and a thin trio driver that feeds the core from the
+service below and offers a service above.  This module holds what every layer shares: the
+:class:`Layer` base class with its declared services, the registry that recipes name layers by,
+and :func:`open_stack`, which checks the fit and opens the layers in order.
+
+See docs/writing-a-layer.md for a layer written end to end.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from typing import Any, ClassVar, TypeVar
+
+from stacklib.errors import AssemblyError
+from stacklib.services import Service
+
+
+class Layer(abc.ABC):
+    """A protocol layer.  Subclasses set the class attributes and implement :meth:`open`."""
+
+    #: Registry name, used by recipes (``[[layers]] kind = "..."``).
+    name: ClassVar[str]
+    #: The service this layer needs from the layer below.
+    requires: ClassVar[type[Service]]
+    #: The service this layer offers to the layer above.
+    provides: ClassVar[type[Service]]
+    #: An attrs class of the layer's parameters, validated strictly from recipes.
+    Params: ClassVar[type[Any]]
+
+    def __init__(self, params: Any = None) -> None:
+        self.params = params if params is not None else self.Params()
+
+    def __repr__(self) -> str:
+        return f"<layer {self.name}>"
+
+    @abc.abstractmethod
+    def open(self, below: Service) -> AbstractAsyncContextManager[Service]:
+        """Run the layer over ``below``: an async context manager yielding the service above.
+
+        Background tasks (timers, a receive loop) live in a nursery inside it, so leaving the
+        context stops them.
+        """
+
+
+LAYERS: dict[str, type[Layer]] = {}
+
+L = TypeVar("L", bound=type[Layer])
+
+
+def register_layer(cls: L) -> L:
+    """Class decorator: make a layer available to recipes under ``cls.name``."""
+    existing = LAYERS.get(cls.name)
+    if existing is not None and existing is not cls:
+        raise ValueError(f"layer name {cls.name!r} is taken by {existing.__qualname__}")
+    LAYERS[cls.name] = cls
+    return cls
+
+
+def layer_class(name: str) -> type[Layer]:
+    """The layer registered as ``name``; ``KeyError`` names the known ones."""
+    _import_builtin_layers()
+    try:
+        return LAYERS[name]
+    except KeyError:
+        known = ", ".join(sorted(LAYERS)) or "none"
+        raise KeyError(f"no layer named {name!r} (known layers: {known})") from None
+
+
+def _import_builtin_layers() -> None:
+    # Importing the layers package registers the layers that ship with stacklib.
+    import stacklib.layers  # noqa: F401
+
+
+def check_fit(bottom: type[Service], layers: Sequence[Layer], bottom_name: str = "") -> None:
+    """Raise :class:`AssemblyError` unless every layer gets the service it requires."""
+    below_type = bottom
+    below_name = bottom_name or f"the transport ({bottom.kind})"
+    for position, layer in enumerate(layers):
+        if not issubclass(below_type, layer.requires):
+            raise AssemblyError(
+                f"layer {layer.name!r} (position {position}) requires a "
+                f"{layer.requires.kind!r} service ({layer.requires.__name__}), but "
+                f"{below_name} below it provides {below_type.kind!r} ({below_type.__name__})"
+            )
+        below_type = layer.provides
+        below_name = f"layer {layer.name!r}"
+
+
+@asynccontextmanager
+async def open_stack(bottom: Service, layers: Sequence[Layer]) -> AsyncIterator[Service]:
+    """Open ``layers`` bottom-up over ``bottom`` and yield the top service.
+
+    The fit is checked before anything is opened; leaving the context closes the layers top
+    down.
+    """
+    check_fit(type(bottom), layers)
+    async with AsyncExitStack() as stack:
+        service = bottom
+        for layer in layers:
+            service = await stack.enter_async_context(layer.open(service))
+            if not isinstance(service, layer.provides):
+                raise AssemblyError(
+                    f"layer {layer.name!r} declared {layer.provides.__name__} but opened "
+                    f"{type(service).__name__}"
+                )
+        yield service
+
+
+ServiceFactory = Callable[[], Service]

@@ -1,0 +1,611 @@
+"""U-Net endpoints: an application's handle into the network (paper 000 §3.1, paper 003 §3.1).
+
+An endpoint is a communication segment, a send, a receive and a free queue, and a channel table.
+The OS service creates it (:mod:`stacklib.unet.os_service`) and hands it to its owner only; the NI
+(:mod:`stacklib.unet.ni`) is the only other party that touches it.
+
+Two levels of API, both on this class:
+
+* the descriptor level, as the paper describes it: compose data in :attr:`Endpoint.segment`,
+  :meth:`~Endpoint.post_nowait` a :class:`SendDescriptor`, hand receive buffers to the NI with
+  :meth:`~Endpoint.post_free`, take :class:`RecvDescriptor` objects off the receive queue;
+* the message level, the base-level "one copy" (paper 000 §3.3): :meth:`~Endpoint.send` copies
+  bytes into a send buffer (or inline into the descriptor when small), :meth:`~Endpoint.recv`
+  copies a message out and returns its buffers to the free queue.
+
+Receive models (paper 000 §3.1): polling (:meth:`~Endpoint.poll`), blocking
+(``await ep.recv()``), and upcalls on "receive queue non-empty" and "receive queue almost full"
+(:meth:`~Endpoint.set_upcall`), which can be disabled cheaply for critical sections
+(:meth:`~Endpoint.upcalls_disabled`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from stacklib.errors import ChannelError, EndpointClosed, UNetError
+from stacklib.unet.ring import DescriptorRing
+from stacklib.unet.segment import Segment
+from stacklib.wire.descriptor import (
+    DescriptorStatus,
+    Fragment,
+    RecvDescriptor,
+    RecvKind,
+    SendDescriptor,
+)
+
+if TYPE_CHECKING:
+    from stacklib.unet.ni import NetworkInterface
+    from stacklib.unet.os_service import OSService, Principal
+
+#: Host cost-profile operations an endpoint charges when the profile defines them: the host-side
+#: work of the message-level send (copy in, push the descriptor) and receive (poll, copy out).
+SEND_OP = "unet.send"
+RECV_OP = "unet.recv"
+
+
+class UpcallCondition(enum.Enum):
+    """The two receive-queue conditions U-Net can signal (paper 000 §3.1)."""
+
+    NON_EMPTY = "non-empty"
+    ALMOST_FULL = "almost-full"
+
+
+class DropReason(enum.StrEnum):
+    """Why an NI dropped an arriving message (each is counted where it happened)."""
+
+    UNKNOWN_TAG = "unknown-tag"  #: no channel registered for the message's tag
+    NO_FREE_BUFFER = "no-free-buffer"  #: the free queue could not hold the message
+    RECV_QUEUE_FULL = "recv-queue-full"  #: no room for the receive descriptor
+    BAD_FREE_BUFFER = "bad-free-buffer"  #: a free-queue entry outside the segment or misaligned
+    DIRECT_NOT_ENABLED = "direct-not-enabled"  #: a direct deposit to a base-level endpoint
+    DIRECT_OUT_OF_BOUNDS = "direct-out-of-bounds"  #: a direct deposit outside the window
+    TOO_LONG = "too-long"  #: longer than the NI's maximum message
+    ENDPOINT_CLOSED = "endpoint-closed"  #: arrived for an endpoint that was closed
+    MALFORMED = "malformed"  #: the transport could not parse the frame
+    CORRUPTED = "corrupted"  #: a checksum or CRC check failed
+
+
+@attrs.frozen
+class EndpointConfig:
+    """Sizes of an endpoint's resources.
+
+    The segment is laid out as ``tx_buffers`` send buffers, then ``rx_buffers`` receive buffers
+    (posted to the free queue at creation for the message-level API), then an application area.
+    Set ``rx_buffers=0`` to manage the free queue yourself.
+    """
+
+    segment_size: int = 256 * 1024
+    send_queue: int = 64
+    recv_queue: int = 64
+    free_queue: int = 64
+    tx_buffers: int = 16
+    tx_buffer_size: int = 4096
+    rx_buffers: int = 16
+    rx_buffer_size: int = 4096
+    #: Receive-queue length that raises the "almost full" upcall (default: 3/4 of the queue).
+    almost_full: int | None = None
+    #: Accept direct-access deposits (paper 000 §3.6) into ``direct_window`` (default: the
+    #: application area after the buffers).
+    direct_access: bool = False
+    direct_window: tuple[int, int] | None = None
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("segment_size", "send_queue", "recv_queue", "free_queue"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"EndpointConfig.{name} must be positive")
+        for name in ("tx_buffers", "rx_buffers"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"EndpointConfig.{name} must not be negative")
+        if self.rx_buffers > self.free_queue:
+            raise ValueError(
+                f"EndpointConfig.rx_buffers={self.rx_buffers} exceeds free_queue={self.free_queue}"
+            )
+        buffers = self.tx_buffers * self.tx_buffer_size + self.rx_buffers * self.rx_buffer_size
+        if buffers > self.segment_size:
+            raise ValueError(
+                f"EndpointConfig: {buffers} bytes of send and receive buffers do not fit the "
+                f"{self.segment_size}-byte segment"
+            )
+        if self.almost_full is not None and not 0 < self.almost_full <= self.recv_queue:
+            raise ValueError("EndpointConfig.almost_full must lie in 1..recv_queue")
+
+
+@attrs.frozen
+class Channel:
+    """A registered communication channel of one endpoint (paper 000 §3.2).
+
+    ``tx_tag`` is what the NI stamps on outgoing messages; ``rx_key`` is what it maps incoming
+    messages back to this channel by.  Their form depends on the NI (an ATM VCI pair, a MAC
+    address and port, a node name and port).
+    """
+
+    id: int
+    remote: object
+    tx_tag: Hashable
+    rx_key: Hashable
+
+
+@attrs.frozen(slots=True)
+class Message:
+    """A received message: its channel, its bytes, and where a direct deposit put it."""
+
+    channel: int
+    data: bytes
+    dest_offset: int | None = None
+
+
+@attrs.frozen
+class EndpointStatistics:
+    """What an endpoint has seen, readable by the application (paper 000 §7.4)."""
+
+    sent: int
+    sent_bytes: int
+    send_errors: Mapping[str, int]
+    received: int
+    received_bytes: int
+    dropped: Mapping[str, int]
+    send_queue_high_water: int
+    recv_queue_high_water: int
+    free_queue_empty_drops: int
+    upcalls: int
+    upcall_errors: int
+
+
+class _Waiters:
+    """Tasks parked until the endpoint's state changes (cheaper than a ParkingLot per wait)."""
+
+    __slots__ = ("_tasks",)
+
+    def __init__(self) -> None:
+        self._tasks: deque[trio.lowlevel.Task] = deque()
+
+    def __bool__(self) -> bool:
+        return bool(self._tasks)
+
+    async def wait(self) -> None:
+        task = trio.lowlevel.current_task()
+        tasks = self._tasks
+        tasks.append(task)
+
+        def abort(_: Any) -> trio.lowlevel.Abort:
+            with contextlib.suppress(ValueError):  # already woken
+                tasks.remove(task)
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    def wake_all(self) -> None:
+        tasks = self._tasks
+        while tasks:
+            trio.lowlevel.reschedule(tasks.popleft())
+
+
+UpcallHandler = Callable[["Endpoint"], object]
+
+
+class Endpoint:
+    """A U-Net endpoint.  Create it with :meth:`OSService.create_endpoint`, not directly."""
+
+    def __init__(
+        self,
+        *,
+        port: int,
+        owner: Principal,
+        ni: NetworkInterface,
+        os_service: OSService,
+        config: EndpointConfig,
+    ) -> None:
+        self.port = port
+        self.owner = owner
+        self.ni = ni
+        self.os = os_service
+        self.config = config
+        self.segment = Segment(config.segment_size, ni.alignment)
+        self.send_queue: DescriptorRing[SendDescriptor] = DescriptorRing(config.send_queue)
+        self.recv_queue: DescriptorRing[RecvDescriptor] = DescriptorRing(config.recv_queue)
+        self.free_queue: DescriptorRing[Fragment] = DescriptorRing(config.free_queue)
+        self.channels: dict[int, Channel] = {}
+        self.closed = False
+        self._in_service = False  # the NI is taking descriptors off the send queue
+
+        tx = self.segment.carve(0, config.tx_buffers, config.tx_buffer_size)
+        rx_start = tx[-1].offset + tx[-1].length if tx else 0
+        rx = self.segment.carve(rx_start, config.rx_buffers, config.rx_buffer_size)
+        #: First offset after the endpoint-managed buffers: free for the application.
+        self.app_area = self.segment.align_up(rx[-1].offset + rx[-1].length if rx else rx_start)
+        self._tx_pool: deque[Fragment] = deque(tx)
+        self._tx_inflight: deque[tuple[SendDescriptor, tuple[Fragment, ...]]] = deque()
+        for buffer in rx:
+            self.free_queue.push(buffer)
+        if config.direct_window is not None:
+            start, end = config.direct_window
+            self.segment.check(start, end - start)
+            self.direct_window = (start, end)
+        else:
+            self.direct_window = (self.app_area, self.segment.size)
+        self.almost_full = (
+            config.almost_full
+            if config.almost_full is not None
+            else max(1, (config.recv_queue * 3) // 4)
+        )
+
+        self._recv_waiters = _Waiters()
+        self._send_waiters = _Waiters()
+        self._upcalls: dict[UpcallCondition, UpcallHandler] = {}
+        self._upcall_depth = 0  # >0 while upcalls are disabled or one is running
+        self._upcall_pending = False
+        self._upcall_error: BaseException | None = None
+        #: Called (with no arguments) when send-queue space or a send buffer frees up; the
+        #: kernel emulation uses it to resume servicing its emulated endpoints.
+        self.on_send_space: Callable[[], object] | None = None
+
+        # Counters, updated by this class and by the NI.
+        self.sent = 0
+        self.sent_bytes = 0
+        self.send_errors: Counter[str] = Counter()
+        self.received = 0
+        self.received_bytes = 0
+        self.dropped: Counter[str] = Counter()
+        self.upcalls_run = 0
+        self.upcall_errors = 0
+
+        profile = ni.host.profile
+        self._charge_send = profile is not None and SEND_OP in profile.ops
+        self._charge_recv = profile is not None and RECV_OP in profile.ops
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{len(self.channels)} channels"
+        return f"<Endpoint {self.ni.name}:{self.port} of {self.owner.name} ({state})>"
+
+    @property
+    def address(self) -> object:
+        """The address peers name to open a channel to this endpoint."""
+        return self.ni.address_of(self)
+
+    # ------------------------------------------------------------------ descriptor level
+
+    def post_nowait(self, descriptor: SendDescriptor) -> None:
+        """Push a send descriptor; raise :class:`trio.WouldBlock` if the send queue is full."""
+        self._check_usable()
+        if not self.send_queue.push(descriptor):
+            raise trio.WouldBlock
+        self.ni.doorbell(self)
+
+    async def post(self, descriptor: SendDescriptor) -> None:
+        """Push a send descriptor, waiting while the send queue is full (back-pressure)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while True:
+            self._check_usable()
+            if self.send_queue.push(descriptor):
+                break
+            await self._send_waiters.wait()
+        self.ni.doorbell(self)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    def post_free(self, buffer: Fragment) -> None:
+        """Hand a receive buffer to the NI; :class:`trio.WouldBlock` if the free queue is full.
+
+        The NI, not the application, picks which free buffer an arriving message fills.
+        """
+        self._check_usable()
+        if not self.free_queue.push(buffer):
+            raise trio.WouldBlock
+
+    def poll_descriptor(self) -> RecvDescriptor | None:
+        """The next receive descriptor, or None.  Its buffers stay the application's until it
+        returns them with :meth:`release`."""
+        self._raise_upcall_error()
+        return self.recv_queue.pop()
+
+    async def recv_descriptor(self) -> RecvDescriptor:
+        """Wait for the next receive descriptor (see :meth:`poll_descriptor`)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        descriptor = self.poll_descriptor()
+        if descriptor is not None:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return descriptor
+        while descriptor is None:
+            self._check_usable()
+            await self._recv_waiters.wait()
+            descriptor = self.poll_descriptor()
+        return descriptor
+
+    def read(self, descriptor: RecvDescriptor) -> bytes:
+        """A copy of the message a receive descriptor names."""
+        kind = descriptor.kind
+        if kind is RecvKind.INLINE:
+            return descriptor.inline or b""
+        view = self.segment.view
+        if kind is RecvKind.DIRECT:
+            start = descriptor.dest_offset or 0
+            return bytes(view[start : start + descriptor.length])
+        remaining = descriptor.length
+        fragments = descriptor.fragments
+        if len(fragments) == 1:
+            offset = fragments[0].offset
+            return bytes(view[offset : offset + remaining])
+        parts = []
+        for offset, size in fragments:
+            take = size if size < remaining else remaining
+            parts.append(view[offset : offset + take])
+            remaining -= take
+        return b"".join(parts)
+
+    def release(self, descriptor: RecvDescriptor) -> None:
+        """Return a received message's buffers to the free queue."""
+        for buffer in descriptor.fragments:
+            if not self.free_queue.push(buffer):
+                raise UNetError(
+                    "free queue overflow while releasing receive buffers: more buffers were "
+                    "posted than the free queue holds"
+                )
+
+    # ------------------------------------------------------------------ message level
+
+    def send_nowait(
+        self, channel: int, data: bytes | bytearray | memoryview, *, dest_offset: int | None = None
+    ) -> SendDescriptor:
+        """Send ``data`` on ``channel`` now or raise :class:`trio.WouldBlock`.
+
+        Small messages travel inline in the descriptor; larger ones are copied into send
+        buffers (several, as scatter-gather fragments, if needed).  The returned descriptor's
+        ``status`` tells when the NI injected it (or why it rejected it).
+        """
+        self._check_usable()
+        length = len(data)
+        if length <= self.ni.inline_threshold and dest_offset is None:
+            descriptor = SendDescriptor(channel, inline=bytes(data))
+            if not self.send_queue.push(descriptor):
+                raise trio.WouldBlock
+            self.ni.doorbell(self)
+            return descriptor
+        if length > self.ni.max_message:
+            raise UNetError(
+                f"message of {length} bytes exceeds the NI's maximum of {self.ni.max_message}"
+            )
+        size = self.config.tx_buffer_size
+        needed = -(-length // size) if length else 1
+        if needed > self.config.tx_buffers:
+            raise UNetError(
+                f"message of {length} bytes needs {needed} send buffers of {size} bytes; "
+                f"the endpoint has {self.config.tx_buffers} (raise EndpointConfig.tx_buffers)"
+            )
+        if self.send_queue.full:
+            raise trio.WouldBlock
+        pool = self._tx_pool
+        if len(pool) < needed:
+            self._reclaim()
+            if len(pool) < needed:
+                raise trio.WouldBlock
+        view = self.segment.view
+        source = memoryview(data)
+        fragments = []
+        position = 0
+        for _ in range(needed):
+            offset = pool.popleft().offset
+            take = min(size, length - position)
+            view[offset : offset + take] = source[position : position + take]
+            fragments.append(Fragment(offset, take))
+            position += take
+        buffers = tuple(fragments)
+        descriptor = SendDescriptor(channel, fragments=buffers, dest_offset=dest_offset)
+        self._tx_inflight.append((descriptor, buffers))
+        self.send_queue.push(descriptor)
+        self.ni.doorbell(self)
+        return descriptor
+
+    async def send(
+        self, channel: int, data: bytes | bytearray | memoryview, *, dest_offset: int | None = None
+    ) -> SendDescriptor:
+        """Send ``data`` on ``channel``, waiting while the send queue or buffers are full."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if self._charge_send:
+            await self.ni.host.acharge(SEND_OP, len(data))
+        while True:
+            try:
+                descriptor = self.send_nowait(channel, data, dest_offset=dest_offset)
+            except trio.WouldBlock:
+                await self._send_waiters.wait()
+            else:
+                break
+        if not self._charge_send:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        return descriptor
+
+    def poll(self) -> Message | None:
+        """The next received message, or None: the polling receive model."""
+        self._raise_upcall_error()
+        descriptor = self.recv_queue.pop()
+        if descriptor is None:
+            return None
+        data = self.read(descriptor)
+        if descriptor.fragments:
+            self.release(descriptor)
+        return Message(descriptor.channel, data, descriptor.dest_offset)
+
+    def recv_nowait(self) -> Message:
+        """The next received message, or :class:`trio.WouldBlock`."""
+        message = self.poll()
+        if message is None:
+            self._check_usable()
+            raise trio.WouldBlock
+        return message
+
+    async def recv(self) -> Message:
+        """Wait for the next message: the blocking receive model."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        message = self.poll()
+        if message is None:
+            while message is None:
+                self._check_usable()
+                await self._recv_waiters.wait()
+                message = self.poll()
+            if self._charge_recv:
+                await self.ni.host.acharge(RECV_OP, len(message.data))
+            return message
+        if self._charge_recv:
+            await self.ni.host.acharge(RECV_OP, len(message.data))
+        else:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        return message
+
+    def __aiter__(self) -> AsyncIterator[Message]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Message]:
+        while True:
+            try:
+                yield await self.recv()
+            except EndpointClosed:
+                return
+
+    # ------------------------------------------------------------------ upcalls
+
+    def set_upcall(self, condition: UpcallCondition, handler: UpcallHandler | None) -> None:
+        """Register ``handler(endpoint)`` for ``condition`` (None removes it).
+
+        The handler runs like a signal handler, from the NI's delivery path, with further
+        upcalls of this endpoint held back until it returns; it may (and should) consume every
+        pending message in one go (paper 000 §3.1).  An exception it raises is counted and
+        re-raised from the owner's next receive call.
+        """
+        if handler is None:
+            self._upcalls.pop(condition, None)
+        else:
+            self._upcalls[condition] = handler
+            if self.recv_queue:
+                self._maybe_upcall()
+
+    @contextmanager
+    def upcalls_disabled(self) -> Iterator[None]:
+        """A critical section that is atomic with respect to upcalls (paper 000 §3.1).
+
+        Costs two integer updates; a condition that arose meanwhile fires on exit.
+        """
+        self._upcall_depth += 1
+        try:
+            yield
+        finally:
+            self._upcall_depth -= 1
+            if self._upcall_pending and self._upcall_depth == 0:
+                self._maybe_upcall()
+
+    def _maybe_upcall(self) -> None:
+        if self._upcall_depth:
+            self._upcall_pending = True
+            return
+        self._upcall_depth = 1
+        try:
+            while True:
+                self._upcall_pending = False
+                queued = len(self.recv_queue)
+                if not queued:
+                    break
+                handler = self._upcalls.get(UpcallCondition.ALMOST_FULL)
+                if handler is None or queued < self.almost_full:
+                    handler = self._upcalls.get(UpcallCondition.NON_EMPTY)
+                if handler is None:
+                    break
+                self.upcalls_run += 1
+                try:
+                    handler(self)
+                except Exception as error:  # a handler bug must not break the NI's path
+                    self.upcall_errors += 1
+                    if self._upcall_error is None:
+                        self._upcall_error = error
+                    break
+                if not self._upcall_pending:
+                    break
+        finally:
+            self._upcall_depth = 0
+
+    def _raise_upcall_error(self) -> None:
+        error = self._upcall_error
+        if error is not None:
+            self._upcall_error = None
+            raise UNetError(f"an upcall handler of {self!r} raised {error!r}") from error
+
+    # ------------------------------------------------------------------ NI side
+
+    def _arrived(self) -> None:
+        """Called by the NI after it pushed a receive descriptor."""
+        if self._recv_waiters:
+            self._recv_waiters.wake_all()
+        if self._upcalls:
+            self._maybe_upcall()
+
+    def _send_progress(self) -> None:
+        """Called by the NI after it took descriptors off the send queue."""
+        if self._tx_inflight:
+            self._reclaim()
+        if self._send_waiters:
+            self._send_waiters.wake_all()
+        if self.on_send_space is not None:
+            self.on_send_space()
+
+    def _reclaim(self) -> None:
+        inflight = self._tx_inflight
+        pool = self._tx_pool
+        while inflight and inflight[0][0].status is not DescriptorStatus.POSTED:
+            pool.extend(inflight.popleft()[1])
+
+    def _shutdown(self) -> None:
+        """Called by the OS service when the endpoint is closed or reclaimed."""
+        self.closed = True
+        self.channels.clear()
+        self._recv_waiters.wake_all()
+        self._send_waiters.wake_all()
+
+    # ------------------------------------------------------------------ housekeeping
+
+    def channel(self, channel_id: int) -> Channel:
+        """The channel with this id, or :class:`ChannelError`."""
+        try:
+            return self.channels[channel_id]
+        except KeyError:
+            raise ChannelError(f"{self!r} has no channel {channel_id}") from None
+
+    def _check_usable(self) -> None:
+        if self.closed:
+            raise EndpointClosed(f"{self!r} is closed")
+
+    def statistics(self) -> EndpointStatistics:
+        """A snapshot of the endpoint's counters."""
+        return EndpointStatistics(
+            sent=self.sent,
+            sent_bytes=self.sent_bytes,
+            send_errors=dict(self.send_errors),
+            received=self.received,
+            received_bytes=self.received_bytes,
+            dropped=dict(self.dropped),
+            send_queue_high_water=self.send_queue.high_water,
+            recv_queue_high_water=self.recv_queue.high_water,
+            free_queue_empty_drops=self.dropped.get(DropReason.NO_FREE_BUFFER, 0),
+            upcalls=self.upcalls_run,
+            upcall_errors=self.upcall_errors,
+        )
+
+    def close(self) -> None:
+        """Close the endpoint: its channels are unregistered and waiters get EndpointClosed."""
+        if not self.closed:
+            self.os.close_endpoint(self.owner, self)
+
+    async def aclose(self) -> None:
+        """Close the endpoint (idempotent), as trio resources do."""
+        self.close()
+        await trio.lowlevel.checkpoint()
+
+    async def __aenter__(self) -> Endpoint:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()

@@ -1,0 +1,374 @@
+"""The network-interface side of U-Net, independent of any hardware (paper 000 §3).
+
+:class:`NetworkInterface` holds what every U-Net NI does, whether it is an i960 running U-Net
+firmware, a kernel trap routine driving a DC21140, or an in-process memory transport:
+
+* it services send queues: validates each descriptor against the owner's segment and channel
+  table (a bad one gets an error status and nothing is read), stamps the channel's tag, hands
+  the message to the transport and marks the descriptor injected;
+* it demultiplexes arrivals by tag to (endpoint, channel) and drops unknown tags, counted;
+* it fills receive buffers taken from the free queue (several per message if needed), or puts a
+  small message inline in the receive descriptor, or, for direct-access U-Net, deposits data
+  at the sender-named offset after checking it against the receiver's window;
+* it raises the endpoint's upcalls.
+
+A transport subclasses it and implements :meth:`NetworkInterface._transmit` (put one message on
+the network) and :meth:`NetworkInterface._tags` (the tags of a channel), and calls
+:meth:`NetworkInterface._deliver` when a message arrives.  Modeled NIs override the timing hooks
+to charge their costs; the memory transport uses the defaults, which are immediate.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Hashable, Mapping
+from typing import TYPE_CHECKING
+
+import attrs
+
+from stacklib.errors import ChannelError
+from stacklib.unet.endpoint import Channel, DropReason, Endpoint
+from stacklib.wire.descriptor import (
+    DescriptorStatus,
+    Fragment,
+    RecvDescriptor,
+    RecvKind,
+    SendDescriptor,
+    SendError,
+)
+
+if TYPE_CHECKING:
+    from stacklib.sim import Host
+
+Payload = bytes | bytearray | memoryview
+
+
+@attrs.frozen
+class NIStatistics:
+    """What an NI has seen: messages moved and drops by reason, across all endpoints."""
+
+    sent: int
+    sent_bytes: int
+    received: int
+    received_bytes: int
+    send_errors: Mapping[str, int]
+    dropped: Mapping[str, int]
+    endpoints: int
+    channels: int
+
+
+class NetworkInterface:
+    """Base class of U-Net NIs.  See the module docstring for the division of labour."""
+
+    #: Short name of the NI kind, for recipes and statistics.
+    kind = "abstract"
+
+    def __init__(
+        self,
+        name: str,
+        host: Host,
+        *,
+        inline_threshold: int = 64,
+        max_message: int = 65535,
+        alignment: int = 8,
+        max_fragments: int = 16,
+        direct_access: bool = False,
+    ) -> None:
+        self.name = name
+        self.host = host
+        self.world = host.world
+        #: Messages up to this many bytes travel inside the descriptor (paper 000 §3.4).
+        self.inline_threshold = inline_threshold
+        self.max_message = max_message
+        #: Alignment the NI requires of buffers (e.g. for DMA), paper 000 §3.4.
+        self.alignment = alignment
+        self.max_fragments = max_fragments
+        #: Whether senders may name an offset in the destination segment (paper 000 §3.6).
+        self.direct_access = direct_access
+        self.endpoints: dict[int, Endpoint] = {}
+        self._demux: dict[Hashable, tuple[Endpoint, int]] = {}
+        self._tx_paused = False
+        self.sent = 0
+        self.sent_bytes = 0
+        self.received = 0
+        self.received_bytes = 0
+        self.send_errors: Counter[str] = Counter()
+        self.dropped: Counter[str] = Counter()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
+    # ------------------------------------------------------------------ for transports
+
+    def _tags(self, endpoint: Endpoint, remote: object) -> tuple[Hashable, Hashable]:
+        """The (tx_tag, rx_key) of a channel from ``endpoint`` to ``remote``.
+
+        Raise :class:`ChannelError` if ``remote`` is not an address this NI can reach.
+        """
+        raise NotImplementedError
+
+    def address_of(self, endpoint: Endpoint) -> object:
+        """The address peers use to reach ``endpoint``."""
+        raise NotImplementedError
+
+    def _transmit(
+        self, endpoint: Endpoint, channel: Channel, descriptor: SendDescriptor, data: Payload
+    ) -> bool:
+        """Put one validated message on the network.
+
+        ``data`` may be a view of the sender's segment, valid until the descriptor is marked
+        injected.  Return False to leave the descriptor queued (the NI is backed up); the
+        subclass then calls :meth:`_resume` when it can take more.  The subclass calls
+        :meth:`_injected` once the data has left the sender's buffers.
+        """
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ set-up (OS service)
+
+    def _attach(self, endpoint: Endpoint) -> None:
+        if endpoint.port in self.endpoints:
+            raise ChannelError(f"{self!r} already has an endpoint on port {endpoint.port}")
+        self.endpoints[endpoint.port] = endpoint
+
+    def _detach(self, endpoint: Endpoint) -> None:
+        for channel in list(endpoint.channels.values()):
+            self._unregister(endpoint, channel)
+        self.endpoints.pop(endpoint.port, None)
+        # Descriptors still queued are dropped with the endpoint: its memory is gone.
+        endpoint.send_queue.clear()
+
+    def _register(self, endpoint: Endpoint, channel: Channel) -> None:
+        owner = self._demux.get(channel.rx_key)
+        if owner is not None:
+            raise ChannelError(
+                f"tag {channel.rx_key!r} on {self!r} is already registered to {owner[0]!r}"
+            )
+        self._demux[channel.rx_key] = (endpoint, channel.id)
+        endpoint.channels[channel.id] = channel
+
+    def _unregister(self, endpoint: Endpoint, channel: Channel) -> None:
+        if self._demux.get(channel.rx_key, (None, None))[0] is endpoint:
+            del self._demux[channel.rx_key]
+        endpoint.channels.pop(channel.id, None)
+
+    def is_registered(self, rx_key: Hashable) -> bool:
+        """Whether a channel on this NI receives messages tagged ``rx_key``."""
+        return rx_key in self._demux
+
+    # ------------------------------------------------------------------ send path
+
+    def doorbell(self, endpoint: Endpoint) -> None:
+        """The application pushed a send descriptor: service that endpoint's send queue.
+
+        An NI that polls (the i960) or is entered by a trap (the DC21140 kernel routine) is
+        modeled by overriding this to schedule the service at the right time.
+        """
+        self._service(endpoint)
+
+    def pause_transmit(self) -> None:
+        """Stop taking send descriptors, as a backed-up network does (paper 000 §3.1)."""
+        self._tx_paused = True
+
+    def resume_transmit(self) -> None:
+        """Take send descriptors again and drain every endpoint's send queue."""
+        self._tx_paused = False
+        self._resume()
+
+    def _resume(self) -> None:
+        for endpoint in list(self.endpoints.values()):
+            if endpoint.send_queue:
+                self._service(endpoint)
+
+    def _service(self, endpoint: Endpoint) -> None:
+        """Take descriptors off ``endpoint``'s send queue until it is empty or the NI is full."""
+        if endpoint._in_service:
+            # Re-entered from a delivery this loop caused (an upcall that replied): the outer
+            # loop is still running and will take the new descriptors.
+            return
+        endpoint._in_service = True
+        try:
+            progressed = self._service_loop(endpoint)
+        finally:
+            endpoint._in_service = False
+        if progressed:
+            # Outside the guard: waking senders may push (and so service) more descriptors.
+            endpoint._send_progress()
+
+    def _service_loop(self, endpoint: Endpoint) -> bool:
+        queue = endpoint.send_queue
+        progressed = False
+        while not self._tx_paused:
+            descriptor = queue.peek()
+            if descriptor is None:
+                break
+            error = self._validate(endpoint, descriptor)
+            if error is not SendError.NONE:
+                queue.pop()
+                descriptor.status = DescriptorStatus.ERROR
+                descriptor.error = error
+                endpoint.send_errors[error.name] += 1
+                self.send_errors[error.name] += 1
+                progressed = True
+                continue
+            channel = endpoint.channels[descriptor.channel]
+            inline = descriptor.inline
+            if inline is not None:
+                data: Payload = inline
+            else:
+                view = endpoint.segment.view
+                fragments = descriptor.fragments
+                if len(fragments) == 1:
+                    offset, length = fragments[0]
+                    data = view[offset : offset + length]
+                else:
+                    data = b"".join(view[offset : offset + length] for offset, length in fragments)
+            if not self._transmit(endpoint, channel, descriptor, data):
+                break
+            queue.pop()
+            progressed = True
+        return progressed
+
+    def _validate(self, endpoint: Endpoint, descriptor: SendDescriptor) -> SendError:
+        """Check a send descriptor without touching any data (paper 000 §3.2 protection)."""
+        channel = endpoint.channels.get(descriptor.channel)
+        if channel is None:
+            return SendError.UNKNOWN_CHANNEL
+        inline = descriptor.inline
+        fragments = descriptor.fragments
+        if inline is not None:
+            if fragments:
+                return SendError.BAD_SHAPE
+            if len(inline) > self.inline_threshold:
+                return SendError.INLINE_TOO_LONG
+            length = len(inline)
+        else:
+            if not fragments or len(fragments) > self.max_fragments:
+                return SendError.BAD_SHAPE
+            size = endpoint.segment.size
+            length = 0
+            for offset, part in fragments:
+                if offset < 0 or part < 0 or offset + part > size:
+                    return SendError.OUT_OF_BOUNDS
+                length += part
+        if length > self.max_message:
+            return SendError.TOO_LONG
+        if descriptor.dest_offset is not None and not self.direct_access:
+            return SendError.DIRECT_UNSUPPORTED
+        return SendError.NONE
+
+    def _injected(self, endpoint: Endpoint, descriptor: SendDescriptor, length: int) -> None:
+        """Mark a descriptor injected: its buffers may be reused (paper 000 §3.1)."""
+        descriptor.status = DescriptorStatus.INJECTED
+        endpoint.sent += 1
+        endpoint.sent_bytes += length
+        self.sent += 1
+        self.sent_bytes += length
+
+    # ------------------------------------------------------------------ receive path
+
+    def _deliver(self, rx_key: Hashable, data: Payload, dest_offset: int | None = None) -> None:
+        """A message tagged ``rx_key`` arrived: demultiplex it and hand it to its endpoint."""
+        entry = self._demux.get(rx_key)
+        if entry is None:
+            self.dropped[DropReason.UNKNOWN_TAG] += 1
+            return
+        endpoint, channel = entry
+        self._fill(endpoint, channel, data, dest_offset)
+
+    def drop(self, reason: DropReason, endpoint: Endpoint | None = None) -> None:
+        """Count a message dropped for ``reason`` (on the endpoint too, when known)."""
+        self.dropped[reason] += 1
+        if endpoint is not None:
+            endpoint.dropped[reason] += 1
+
+    def _fill(
+        self, endpoint: Endpoint, channel: int, data: Payload, dest_offset: int | None
+    ) -> None:
+        """Place one message into ``endpoint`` and push its receive descriptor."""
+        if endpoint.closed:
+            self.drop(DropReason.ENDPOINT_CLOSED)
+            return
+        length = len(data)
+        if length > self.max_message:
+            self.drop(DropReason.TOO_LONG, endpoint)
+            return
+        recv_queue = endpoint.recv_queue
+        if recv_queue.full:
+            self.drop(DropReason.RECV_QUEUE_FULL, endpoint)
+            return
+        if dest_offset is not None:
+            if not endpoint.config.direct_access:
+                self.drop(DropReason.DIRECT_NOT_ENABLED, endpoint)
+                return
+            start, end = endpoint.direct_window
+            if dest_offset < start or dest_offset + length > end:
+                self.drop(DropReason.DIRECT_OUT_OF_BOUNDS, endpoint)
+                return
+            endpoint.segment.view[dest_offset : dest_offset + length] = data
+            descriptor = RecvDescriptor(channel, length, RecvKind.DIRECT, dest_offset=dest_offset)
+        elif length <= self.inline_threshold:
+            descriptor = RecvDescriptor(channel, length, RecvKind.INLINE, inline=bytes(data))
+        else:
+            buffers = self._take_buffers(endpoint, length)
+            if buffers is None:
+                return
+            view = endpoint.segment.view
+            if len(buffers) == 1:
+                offset = buffers[0].offset
+                view[offset : offset + length] = data
+            else:
+                source = memoryview(data)
+                position = 0
+                for offset, size in buffers:
+                    take = min(size, length - position)
+                    view[offset : offset + take] = source[position : position + take]
+                    position += take
+            descriptor = RecvDescriptor(channel, length, RecvKind.BUFFERS, fragments=buffers)
+        recv_queue.push(descriptor)
+        endpoint.received += 1
+        endpoint.received_bytes += length
+        self.received += 1
+        self.received_bytes += length
+        endpoint._arrived()
+
+    def _take_buffers(self, endpoint: Endpoint, length: int) -> tuple[Fragment, ...] | None:
+        """Pop enough valid free buffers for ``length`` bytes, or drop the message (None).
+
+        Free-queue entries are the application's writes into NI-visible memory, so they are
+        checked here, when the NI uses them: one outside the segment or misaligned is
+        discarded and counted.  If the queue runs dry the message is dropped and the buffers
+        already taken go back to the front of the queue's order (they are pushed back).
+        """
+        free = endpoint.free_queue
+        segment = endpoint.segment
+        taken: list[Fragment] = []
+        total = 0
+        while total < length:
+            buffer = free.pop()
+            if buffer is None:
+                for kept in taken:
+                    free.push(kept)
+                self.drop(DropReason.NO_FREE_BUFFER, endpoint)
+                return None
+            offset, size = buffer
+            if size <= 0 or not segment.contains(offset, size) or not segment.is_aligned(offset):
+                self.drop(DropReason.BAD_FREE_BUFFER, endpoint)
+                continue
+            taken.append(buffer)
+            total += size
+        return tuple(taken)
+
+    # ------------------------------------------------------------------ statistics
+
+    def statistics(self) -> NIStatistics:
+        """A snapshot of the NI's counters."""
+        return NIStatistics(
+            sent=self.sent,
+            sent_bytes=self.sent_bytes,
+            received=self.received,
+            received_bytes=self.received_bytes,
+            send_errors=dict(self.send_errors),
+            dropped=dict(self.dropped),
+            endpoints=len(self.endpoints),
+            channels=len(self._demux),
+        )

@@ -1,0 +1,23 @@
+"""A node: one host with its NI and the OS service that manages it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import attrs
+
+from stacklib.unet.ni import NetworkInterface
+from stacklib.unet.os_service import OSService
+
+if TYPE_CHECKING:
+    from stacklib.sim import Host
+
+
+@attrs.frozen
+class Node:
+    """A machine on a network: its host (CPU and other modeled resources), NI and OS service."""
+
+    name: str
+    host: Host
+    ni: NetworkInterface
+    os: OSService
