@@ -88,13 +88,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
+    import stacklib.layers  # noqa: F401  (layers register their PDU formats too)
     from stacklib.wire import registry
 
     if args.list or args.format is None:
         for name, info in sorted(registry.formats().items()):
             print(f"{name.ljust(16)}  {info.summary}")
         return 0
-    if args.hex is None:
+    known = registry.formats()
+    if args.format not in known:
+        raise ConfigError(
+            "decode", args.format, f"unknown format (known: {', '.join(sorted(known))})"
+        )
+    if not args.hex:
         raise ConfigError("decode", "HEX", "missing the bytes to decode")
     text = "".join(args.hex).replace(":", "").replace(" ", "")
     try:
@@ -106,25 +112,46 @@ def cmd_decode(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from stacklib.bench import core
-
     if args.bench == "core":
+        from stacklib.bench import core
+
         result = core.bench_core(iterations=args.iterations, size=args.size, repeat=args.repeat)
     else:
-        from stacklib.bench.pingpong import PingPongParams
-        from stacklib.recipes import run_recipe
-
-        recipe = _load(args.recipe, args.set)
-        params = PingPongParams(
-            sizes=tuple(args.sizes) if args.sizes else recipe.workload_params.sizes,
-            iterations=args.iterations,
-            warmup=max(1, args.iterations // 20),
-        )
-        if recipe.workload.name != "pingpong":
-            raise ConfigError(str(recipe.path), "workload.kind", "bench pingpong needs pingpong")
-        result = run_recipe(recipe, workload_params=params)
+        result = _bench_workload(args)
     print(result.to_json() if args.json else result.format_table())
     return 0
+
+
+def _bench_workload(args: argparse.Namespace) -> Any:
+    """Run the workload ``args.bench`` on RECIPE's stack, whatever workload the recipe names."""
+    import attrs
+
+    from stacklib.bench import workload_kind
+    from stacklib.recipes import run_recipe
+
+    recipe = _load(args.recipe, args.set)
+    kind = workload_kind(args.bench)
+    top = recipe.layers[-1][0].provides if recipe.layers else None
+    if top is not None and not issubclass(top, kind.requires):
+        raise ConfigError(
+            str(recipe.path), "layers", f"{kind.name} needs a {kind.requires.kind!r} service"
+        )
+    base = recipe.workload_params if recipe.workload is kind else kind.Params()
+    given = {
+        name: value
+        for name, value in (
+            ("sizes", tuple(args.sizes) if args.sizes else None),
+            ("iterations", getattr(args, "iterations", None)),
+            ("messages", getattr(args, "messages", None)),
+            ("modes", tuple(args.modes) if getattr(args, "modes", None) else None),
+        )
+        if value is not None and hasattr(base, name)
+    }
+    try:
+        params = attrs.evolve(base, **given)
+    except (TypeError, ValueError) as error:
+        raise ConfigError("command line", args.bench, str(error)) from None
+    return run_recipe(attrs.evolve(recipe, workload=kind, workload_params=params))
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
@@ -192,13 +219,34 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeat", type=int, default=3, help="runs of each; the best is kept")
     b.add_argument("--json", action="store_true", help="print JSON")
     b.set_defaults(func=cmd_bench)
-    b = benches.add_parser("pingpong", help="round-trip time vs size on a recipe's stack")
-    b.add_argument("recipe", metavar="RECIPE", help="recipe name or path")
-    b.add_argument("--sizes", type=int, nargs="+", help="message sizes in bytes")
-    b.add_argument("--iterations", type=int, default=1000, help="round trips per size")
-    b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
-    b.add_argument("--json", action="store_true", help="print JSON")
-    b.set_defaults(func=cmd_bench)
+    for name, summary in (
+        ("pingpong", "round-trip time vs message size (paper 000 Fig 3)"),
+        ("bandwidth", "unidirectional, ping-pong and simultaneous bandwidth (paper 004 §4.2)"),
+        ("logp", "LogP parameters RTT/2, Os, Or, g, L by delay injection (paper 004 §4.1)"),
+    ):
+        b = benches.add_parser(
+            name,
+            help=summary,
+            description=f"{summary}, measured on RECIPE's transport and stack (its own "
+            "workload is replaced; its parameters are used if it is the same workload). "
+            "Simulated transports report virtual time; real ones wall-clock time.",
+        )
+        b.add_argument("recipe", metavar="RECIPE", help="recipe name or path")
+        b.add_argument("--sizes", type=int, nargs="+", help="message sizes in bytes")
+        if name in ("pingpong", "logp"):
+            b.add_argument("--iterations", type=int, help="round trips per size")
+        if name in ("bandwidth", "logp"):
+            b.add_argument("--messages", type=int, help="messages streamed per size")
+        if name == "bandwidth":
+            b.add_argument(
+                "--modes",
+                nargs="+",
+                choices=["unidirectional", "pingpong", "simultaneous"],
+                help="which bandwidths",
+            )
+        b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
+        b.add_argument("--json", action="store_true", help="print JSON")
+        b.set_defaults(func=cmd_bench)
 
     p = commands.add_parser(
         "reproduce",

@@ -39,7 +39,7 @@ class UNetError(StacklibError):
     """Misuse of the U-Net interface (paper 000 §3)."""
 
 
-class PermissionDenied(UNetError, PermissionError):  # noqa: N818 - reads like the OS's EPERM
+class PermissionDenied(UNetError, PermissionError):
     """The OS service refused a request: wrong owner, unauthorized tag or route."""
 
 

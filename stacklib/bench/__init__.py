@@ -73,6 +73,29 @@ async def _run_pingpong(session: Session, params: PingPongParams) -> Result:
     return await pingpong(client, server, session.peers[0][1], params)
 
 
+def _register_builtin() -> None:
+    # Imported here: these modules import Session from this package.
+    from stacklib.bench.bandwidth import BandwidthParams, run_bandwidth
+    from stacklib.bench.logp import LogPParams, run_logp
+
+    register_workload(
+        WorkloadKind(
+            name="bandwidth",
+            Params=BandwidthParams,
+            run=run_bandwidth,
+            description="unidirectional, ping-pong and simultaneous bandwidth vs message size",
+        )
+    )
+    register_workload(
+        WorkloadKind(
+            name="logp",
+            Params=LogPParams,
+            run=run_logp,
+            description="LogP parameters (RTT/2, Os, Or, g, L) vs message size by delay injection",
+        )
+    )
+
+
 register_workload(
     WorkloadKind(
         name="pingpong",
@@ -81,6 +104,8 @@ register_workload(
         description="round-trip time vs message size between two nodes",
     )
 )
+
+_register_builtin()
 
 __all__ = [
     "WORKLOADS",

@@ -65,4 +65,4 @@ def transports() -> Mapping[str, TransportKind]:
 
 
 def _import_builtin_transports() -> None:
-    from stacklib.transports import memory  # noqa: F401  (registers "memory")
+    from stacklib.transports import memory, sim  # noqa: F401  (they register themselves)

@@ -46,8 +46,10 @@ if TYPE_CHECKING:
     from stacklib.unet.ni import NetworkInterface
     from stacklib.unet.os_service import OSService, Principal
 
-#: Host cost-profile operations an endpoint charges when the profile defines them: the host-side
-#: work of the message-level send (copy in, push the descriptor) and receive (poll, copy out).
+#: Host cost-profile operations charged (to the host's "cpu") by the message-level API when the
+#: profile defines them and the NI does not model them itself: the host-side work of a send
+#: (copy in, push the descriptor) and of a receive (poll, copy out).  See
+#: NetworkInterface.host_send_cost.
 SEND_OP = "unet.send"
 RECV_OP = "unet.recv"
 
@@ -258,9 +260,10 @@ class Endpoint:
         self.upcalls_run = 0
         self.upcall_errors = 0
 
-        profile = ni.host.profile
-        self._charge_send = profile is not None and SEND_OP in profile.ops
-        self._charge_recv = profile is not None and RECV_OP in profile.ops
+        # Host-side cost of the message-level API, decided by the NI (None: free).
+        self._send_cost = ni.host_send_cost
+        self._recv_cost = ni.host_recv_cost
+        self._cpu = ni.host.resource("cpu")
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{len(self.channels)} channels"
@@ -408,8 +411,9 @@ class Endpoint:
     ) -> SendDescriptor:
         """Send ``data`` on ``channel``, waiting while the send queue or buffers are full."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        if self._charge_send:
-            await self.ni.host.acharge(SEND_OP, len(data))
+        cost = self._send_cost(len(data)) if self._send_cost is not None else 0.0
+        if cost:
+            await self._cpu.use(cost)
         while True:
             try:
                 descriptor = self.send_nowait(channel, data, dest_offset=dest_offset)
@@ -417,7 +421,7 @@ class Endpoint:
                 await self._send_waiters.wait()
             else:
                 break
-        if not self._charge_send:
+        if not cost:
             await trio.lowlevel.cancel_shielded_checkpoint()
         return descriptor
 
@@ -444,17 +448,15 @@ class Endpoint:
         """Wait for the next message: the blocking receive model."""
         await trio.lowlevel.checkpoint_if_cancelled()
         message = self.poll()
-        if message is None:
-            while message is None:
-                self._check_usable()
-                await self._recv_waiters.wait()
-                message = self.poll()
-            if self._charge_recv:
-                await self.ni.host.acharge(RECV_OP, len(message.data))
-            return message
-        if self._charge_recv:
-            await self.ni.host.acharge(RECV_OP, len(message.data))
-        else:
+        waited = message is None
+        while message is None:
+            self._check_usable()
+            await self._recv_waiters.wait()
+            message = self.poll()
+        cost = self._recv_cost(len(message.data)) if self._recv_cost is not None else 0.0
+        if cost:
+            await self._cpu.use(cost)
+        elif not waited:
             await trio.lowlevel.cancel_shielded_checkpoint()
         return message
 

@@ -21,13 +21,13 @@ to charge their costs; the memory transport uses the defaults, which are immedia
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import TYPE_CHECKING
 
 import attrs
 
 from stacklib.errors import ChannelError
-from stacklib.unet.endpoint import Channel, DropReason, Endpoint
+from stacklib.unet.endpoint import RECV_OP, SEND_OP, Channel, DropReason, Endpoint
 from stacklib.wire.descriptor import (
     DescriptorStatus,
     Fragment,
@@ -86,6 +86,16 @@ class NetworkInterface:
         #: Whether senders may name an offset in the destination segment (paper 000 §3.6).
         self.direct_access = direct_access
         self.endpoints: dict[int, Endpoint] = {}
+        profile = host.profile
+        #: Host CPU seconds of a message-level send / receive of n bytes, or None if free.
+        #: Modeled NIs set their own; by default the host profile's "unet.send"/"unet.recv".
+        self.host_send_cost: Callable[[int], float] | None = None
+        self.host_recv_cost: Callable[[int], float] | None = None
+        if profile is not None:
+            if SEND_OP in profile.ops:
+                self.host_send_cost = profile.ops[SEND_OP].seconds
+            if RECV_OP in profile.ops:
+                self.host_recv_cost = profile.ops[RECV_OP].seconds
         self._demux: dict[Hashable, tuple[Endpoint, int]] = {}
         self._tx_paused = False
         self.sent = 0

@@ -51,8 +51,10 @@ Byte layouts (big-endian; the construct definitions below are the specification)
     |  kind DIRECT:  nothing; the data is at dest_offset (nfrags 0) |
     +-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+
 
-    kind: a RecvKind.  dest_offset is set exactly for DIRECT.  For BUFFERS the fragment
-    lengths are the message bytes in each free-queue buffer and add up to ``length``.
+    kind: a RecvKind.  dest_offset is set exactly for DIRECT.  For BUFFERS the fragments are
+    the free-queue buffers the NI filled, whole, in order (paper 000 §4.2.2: "the message
+    descriptor containing the pointers to the buffers"): the message fills them in turn, so
+    every buffer holds some of it and the last one may be partly used.
 
     Free descriptor: one receive buffer (paper 000 §3.4, "free queues hold descriptors for
     free buffers").
@@ -264,21 +266,34 @@ _pack_fragment = FRAGMENT_CODEC.pack
 _make_fragment = Fragment._make
 
 
+def buffers_hold(fragments: tuple[Fragment, ...], length: int) -> bool:
+    """Whether a message of ``length`` bytes fills ``fragments`` in turn, each partly at least."""
+    if not fragments:
+        return False
+    total = sum([fragment.length for fragment in fragments])
+    return total - fragments[-1].length < length <= total
+
+
 def _fail(what: str, reason: str) -> DescriptorFormatError:
     return DescriptorFormatError(f"{what} descriptor: {reason}")
 
 
-def _check_size(what: str, have: int, need: int) -> NoReturn:
-    """Integrity: the tail the header announces is there, and nothing after it."""
+def _size_error(what: str, have: int, need: int) -> NoReturn:
+    """Integrity failure: the bytes are fewer or more than the header announces."""
     if have < need:
-        raise _fail(what, f"truncated: the header announces {need} bytes, got {have}")
-    raise _fail(what, f"{have - need} trailing bytes after the {need} the header announces")
+        raise _fail(what, f"truncated: {have} bytes of the {need} expected")
+    raise _fail(what, f"{have - need} trailing bytes after the {need} expected")
 
 
 def _fragments(data: bytes | bytearray | memoryview, end: int) -> tuple[Fragment, ...]:
     if end == HEADER_SIZE + FRAGMENT_SIZE:  # one buffer, the common case: skip the loop
         return (_make_fragment(_unpack_fragment(data, HEADER_SIZE)),)
-    return tuple([_make_fragment(_unpack_fragment(data, at)) for at in range(HEADER_SIZE, end, 8)])
+    return tuple(
+        [
+            _make_fragment(_unpack_fragment(data, at))
+            for at in range(HEADER_SIZE, end, FRAGMENT_SIZE)
+        ]
+    )
 
 
 def _send_value(
@@ -324,7 +339,7 @@ def parse_send(data: bytes | bytearray | memoryview) -> SendDescriptor:
     channel, inline_flag, direct, injected, error_flag, nfrags, length, dest, code = header
     end = HEADER_SIZE + (length if inline_flag else FRAGMENT_SIZE * nfrags)
     if len(data) != end:
-        _check_size("send", len(data), end)
+        _size_error("send", len(data), end)
     if inline_flag:
         fragments: tuple[Fragment, ...] = ()
         inline: bytes | None = bytes(data[HEADER_SIZE:end])
@@ -367,6 +382,14 @@ def build_send(d: SendDescriptor) -> bytes:
             d.error,
         )
         return header + inline
+    if len(fragments) > MAX_FRAGMENTS:
+        raise ValueError(f"{len(fragments)} fragments, at most {MAX_FRAGMENTS} fit the layout")
+    if len(fragments) == 1:  # one buffer, the common case: skip the loops
+        length = fragments[0].length
+        tail = _pack_fragment(fragments[0].offset, length)
+    else:
+        length = sum([fragment.length for fragment in fragments])
+        tail = b"".join([_pack_fragment(*fragment) for fragment in fragments])
     header = _pack_send(
         d.channel,
         False,
@@ -374,11 +397,11 @@ def build_send(d: SendDescriptor) -> bytes:
         status == _INJECTED,
         status == _ERROR,
         len(fragments),
-        sum([fragment.length for fragment in fragments]),
+        length,
         NO_OFFSET if dest_offset is None else dest_offset,
         d.error,
     )
-    return header + b"".join([_pack_fragment(*fragment) for fragment in fragments])
+    return header + tail
 
 
 def _recv_value(
@@ -397,8 +420,8 @@ def _recv_value(
     if (kind is RecvKind.DIRECT) != (dest_offset != NO_OFFSET):
         raise _fail("receive", f"kind {kind.name} with dest_offset {dest_offset:#x}")
     if kind is RecvKind.BUFFERS:
-        if sum([fragment.length for fragment in fragments]) != length:
-            raise _fail("receive", f"fragment lengths do not add up to length {length}")
+        if not buffers_hold(fragments, length):
+            raise _fail("receive", f"buffers of {nfrags} fragments cannot hold exactly {length}")
     elif nfrags:
         raise _fail("receive", f"kind {kind.name} with nfrags {nfrags}")
     return RecvDescriptor(
@@ -420,11 +443,11 @@ def parse_recv(data: bytes | bytearray | memoryview) -> RecvDescriptor:
     if kind == _INLINE:
         end = HEADER_SIZE + length
         if len(data) != end:
-            _check_size("receive", len(data), end)
+            _size_error("receive", len(data), end)
         return _recv_value(channel, kind, nfrags, length, dest, (), bytes(data[HEADER_SIZE:end]))
     end = HEADER_SIZE + FRAGMENT_SIZE * nfrags
     if len(data) != end:
-        _check_size("receive", len(data), end)
+        _size_error("receive", len(data), end)
     return _recv_value(channel, kind, nfrags, length, dest, _fragments(data, end), None)
 
 
@@ -443,8 +466,10 @@ def build_recv(d: RecvDescriptor) -> bytes:
             raise ValueError(f"dest_offset {NO_OFFSET:#x} is reserved to mean 'none'")
     elif dest_offset is not None:
         raise ValueError(f"a {kind.name} receive descriptor has no dest_offset")
-    if kind == RecvKind.BUFFERS and sum([f.length for f in fragments]) != d.length:
-        raise ValueError(f"fragment lengths do not add up to length {d.length}")
+    if len(fragments) > MAX_FRAGMENTS:
+        raise ValueError(f"{len(fragments)} fragments, at most {MAX_FRAGMENTS} fit the layout")
+    if kind == RecvKind.BUFFERS and not buffers_hold(fragments, d.length):
+        raise ValueError(f"the buffers do not hold exactly {d.length} bytes, each some of them")
     header = _pack_recv(
         d.channel,
         kind,
@@ -460,7 +485,7 @@ def build_recv(d: RecvDescriptor) -> bytes:
 def parse_free(data: bytes | bytearray | memoryview) -> Fragment:
     """Parse a free descriptor (exactly 8 bytes): the receive buffer it hands to the NI."""
     if len(data) != FRAGMENT_SIZE:
-        raise _fail("free", f"{len(data)} bytes, expected {FRAGMENT_SIZE}")
+        _size_error("free", len(data), FRAGMENT_SIZE)
     return _make_fragment(_unpack_fragment(data))
 
 
@@ -633,13 +658,15 @@ def recv_descriptors(
     from hypothesis import strategies as st
 
     channels = st.integers(0, 0xFFFF)
-    buffers = st.builds(
-        lambda channel, fragments: RecvDescriptor(
-            channel, sum(f.length for f in fragments), RecvKind.BUFFERS, fragments
-        ),
-        channels,
-        _fragment_lists(max_fragments),
-    )
+
+    @st.composite
+    def filled(draw: st.DrawFn) -> RecvDescriptor:
+        fragments = draw(_fragment_lists(max_fragments).filter(lambda f: bool(f) and f[-1].length))
+        total = sum(f.length for f in fragments)
+        length = draw(st.integers(total - fragments[-1].length + 1, total))
+        return RecvDescriptor(draw(channels), length, RecvKind.BUFFERS, fragments)
+
+    buffers = filled()
     inline = st.builds(
         lambda channel, data: RecvDescriptor(channel, len(data), RecvKind.INLINE, (), data),
         channels,

@@ -223,3 +223,21 @@ def test_config_validation() -> None:
         EndpointConfig(almost_full=0)
     with pytest.raises(ValueError, match="do not fit"):
         EndpointConfig(segment_size=4096, tx_buffers=1, rx_buffers=1)
+
+
+async def test_descriptors_the_ni_produces_fit_the_byte_layout() -> None:
+    from stacklib.wire.descriptor import build_recv, build_send, parse_recv, parse_send
+
+    p = make_pair(EndpointConfig(rx_buffer_size=512, tx_buffer_size=512))
+    sent = [await p.ep_a.send(p.ch_a, bytes(size)) for size in (0, 10, 64, 65, 512, 513, 1500)]
+    for descriptor in sent:
+        again = parse_send(build_send(descriptor))
+        assert (again.channel, again.fragments, again.inline, again.status) == (
+            descriptor.channel,
+            descriptor.fragments,
+            descriptor.inline,
+            descriptor.status,
+        )
+    while (received := p.ep_b.poll_descriptor()) is not None:
+        assert parse_recv(build_recv(received)) == received
+        p.ep_b.release(received)

@@ -1,0 +1,115 @@
+"""Simulated network interfaces with cost models, in virtual time (paper 000 §4, paper 001 §3,
+paper 003 §4, paper 004 §3).
+
+A simulated cluster is a :class:`~stacklib.transports.sim.fabric.Fabric` (links and a switch or
+hub) and one node per host, each with a modeled NI.  The models register as transports:
+``sim-atm`` (SBA-100, SBA-200 and PCA-200 with U-Net firmware, Fore's firmware) and, as they
+arrive, Fast Ethernet and Myrinet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal, TypeVar
+
+import attrs
+
+from stacklib.errors import ConfigError
+from stacklib.sim import CostProfile, Host, World
+from stacklib.sim.costs import cited
+from stacklib.transports import TransportKind, register_transport
+from stacklib.transports.sim.atm import I960_MODELS, I960NI, Sba100NI, Sba100Params
+from stacklib.transports.sim.fabric import OC3, TAXI_140, AtmLink, Fabric, FaultParams
+from stacklib.transports.sim.hosts import HOSTS
+from stacklib.transports.sim.ni import SimAddress, SimNI
+from stacklib.unet.node import Node
+from stacklib.unet.os_service import OSService
+
+ATM_LINKS: dict[str, AtmLink] = {"taxi-140": TAXI_140, "oc-3": OC3}
+
+
+class SimCluster:
+    """The nodes of a simulated cluster and the fabric joining them."""
+
+    def __init__(self, world: World, fabric: Fabric) -> None:
+        self.world = world
+        self.fabric = fabric
+        self.nodes: dict[str, Node] = {}
+
+    def add(self, name: str, host: Host, ni: SimNI) -> Node:
+        node = Node(name, host, ni, OSService(ni))
+        self.nodes[name] = node
+        return node
+
+
+@attrs.frozen
+class AtmParams:
+    """Recipe parameters of the ``sim-atm`` transport."""
+
+    ni: Literal["sba200", "pca200", "fore-firmware", "sba100"] = "sba200"
+    link: Literal["taxi-140", "oc-3"] = "taxi-140"
+    #: Per-node link technologies overriding ``link`` (node i gets ``links[i]``), e.g. an OC-3
+    #: sender and a TAXI receiver as in paper 003 §4.4.2's bandwidth measurement.
+    links: list[Literal["taxi-140", "oc-3"]] = attrs.Factory(list)
+    #: Switch forwarding latency per cell.
+    switch_latency_us: float = cited(
+        7.0, "paper 003 §4.1: the ASX-200 forwards cells in about 7 us", "us"
+    )
+    host: str = "ss20"
+    faults: FaultParams = attrs.Factory(FaultParams)
+    #: Replace model parameters by name, e.g. {tx_cell_us = 1.0}: "what if" experiments.
+    overrides: dict[str, float] = attrs.Factory(dict)
+
+
+def build_atm(
+    world: World, params: AtmParams, names: Sequence[str], profile: CostProfile | None
+) -> SimCluster:
+    if params.host not in HOSTS:
+        raise ConfigError("transport", "host", f"unknown host {params.host!r} ({', '.join(HOSTS)})")
+    fabric = Fabric(
+        world,
+        ATM_LINKS[params.link],
+        topology="switch",
+        latency=params.switch_latency_us * 1e-6,
+        faults=params.faults,
+        name="atm",
+    )
+    cluster = SimCluster(world, fabric)
+    if len(params.links) > len(names):
+        raise ConfigError("transport", "links", f"{len(params.links)} links for {len(names)} nodes")
+    for index, name in enumerate(names):
+        host = Host(name, world, profile)
+        link = ATM_LINKS[params.links[index]] if index < len(params.links) else None
+        ni: SimNI
+        if params.ni == "sba100":
+            ni = Sba100NI(name, host, fabric, _override(Sba100Params(), params.overrides), link)
+        else:
+            model = _override(I960_MODELS[params.ni](), params.overrides)
+            ni = I960NI(name, host, fabric, model, link)
+        cluster.add(name, host, ni)
+    return cluster
+
+
+P = TypeVar("P")
+
+
+def _override(model: P, overrides: dict[str, float]) -> P:
+    fields = {f.name for f in attrs.fields(type(model))}  # type: ignore[arg-type]
+    for key in overrides:
+        if key not in fields:
+            raise ConfigError("transport", f"overrides.{key}", f"not a parameter of {model!r}")
+    return attrs.evolve(model, **overrides)  # type: ignore[misc]
+
+
+register_transport(
+    TransportKind(
+        name="sim-atm",
+        Params=AtmParams,
+        build=build_atm,
+        description="Fore ATM NIs (SBA-100, SBA-200/PCA-200 U-Net firmware, Fore firmware) "
+        "on an ASX-200 switch, in virtual time",
+        clock="virtual",
+    )
+)
+
+__all__ = ["AtmParams", "SimAddress", "SimCluster", "build_atm"]

@@ -1,0 +1,273 @@
+"""Fore ATM network interfaces as cost models: SBA-100, SBA-200/PCA-200 with the U-Net i960
+firmware, and Fore's original firmware as a baseline.
+
+Every number is a field with its citation.  Where a paper states a cost (a send overhead, a
+switch latency) it is taken as given; where it states only an end result (a round-trip time, a
+bandwidth), the parameters that produce it are marked "calibrated" with the figure they were
+fitted to, and the other figures of the same configuration are then predictions that
+``stacklib reproduce`` checks (docs/reproduction.md).
+
+**SBA-200 / PCA-200 with U-Net firmware** (paper 000 §4.2.2, paper 003 §4.2): the host posts a
+send descriptor with a double-word store into i960 memory; the i960 polls the send queues, DMAs
+the data from the host (32-byte bursts on the SBus, 96-byte on PCI), and feeds cells to the
+fiber; single-cell messages take a fast path.  On receive the i960 polls the input FIFO and
+processes each cell; a single-cell message goes straight into the next receive-queue entry
+(inline), longer ones into fixed-size buffers from the free queue, whose descriptor is DMA'd into
+the receive queue after the last cell.  Send and free queues live in NI memory, the receive
+queue in host memory, so the host polls without crossing the I/O bus.
+
+**SBA-100** (paper 000 §4.1, Table 1): no DMA, no AAL5 CRC; the host moves every cell with a fast
+trap into 36-cell output / 292-cell input FIFOs and runs AAL5 segmentation, reassembly and CRC
+in a user-level library (CRC is 33% of the send and 40% of the receive overhead).  U-Net is
+offered through kernel-emulated endpoints; the whole cost lands on the host CPU.
+"""
+
+from __future__ import annotations
+
+import typing
+
+import attrs
+
+from stacklib.sim import Host
+from stacklib.sim.costs import cited
+from stacklib.sim.pipeline import stage
+from stacklib.transports.sim.fabric import Fabric, LinkTech, Packet
+from stacklib.transports.sim.ni import SimAddress, SimNI
+from stacklib.unet.endpoint import Channel, Endpoint
+
+US = 1e-6
+SINGLE_CELL_MAX = 40  # 48-byte cell payload minus the 8-byte AAL5 trailer
+
+
+@attrs.frozen
+class I960Params:
+    """Costs of an SBA-200 running U-Net firmware on a SPARCstation-20, in microseconds
+    (paper 000 §4.2).  Subclasses give the PCA-200 and Fore's firmware."""
+
+    name: str = "sba200"
+    host_send_us: float = cited(1.5, "paper 003 §4.4.1: host overhead to send 40 bytes", "us")
+    host_recv_us: float = cited(1.0, "calibrated: host polls its receive queue (host memory)", "us")
+    poll_us: float = cited(1.0, "calibrated: the i960 loop notices a new send descriptor", "us")
+    tx_single_us: float = cited(6.0, "calibrated to paper 000 §4.2.3's 65 us RTT", "us")
+    rx_single_us: float = cited(8.0, "calibrated to paper 000 §4.2.3's 65 us RTT", "us")
+    tx_msg_us: float = cited(20.0, "calibrated to paper 000 §4.2.3's 120 us at 48 bytes", "us")
+    rx_msg_us: float = cited(15.0, "calibrated to paper 000 §4.2.3's 120 us at 48 bytes", "us")
+    tx_cell_us: float = cited(1.5, "calibrated: below the 3.03 us TAXI cell time", "us")
+    rx_cell_us: float = cited(2.0, "calibrated: below the 3.03 us TAXI cell time", "us")
+    dma_cell_us: float = cited(
+        1.0, "paper 000 §4.2.2: three 32-byte SBus bursts per two cells", "us"
+    )
+    #: Receive DMA to the host starts after the last cell (see PCA200).
+    rx_dma_after_last: bool = False
+    inline_threshold: int = SINGLE_CELL_MAX
+    cite: str = "paper 000 §4.2"
+
+
+@attrs.frozen
+class ForeFirmwareParams(I960Params):
+    """Fore's original firmware on the SBA-200 (paper 000 §4.2.1): the i960 follows the
+    kernel's mbuf-like linked structures by DMA, so every message costs far more: about
+    160 us round trip and 13 MB/s at 4 KB."""
+
+    name: str = "fore-firmware"
+    tx_single_us: float = cited(24.0, "calibrated to paper 000 §4.2.1's ~160 us RTT", "us")
+    rx_single_us: float = cited(32.0, "calibrated to paper 000 §4.2.1's ~160 us RTT", "us")
+    tx_msg_us: float = cited(24.0, "calibrated to paper 000 §4.2.1's ~160 us RTT", "us")
+    rx_msg_us: float = cited(32.0, "calibrated to paper 000 §4.2.1's ~160 us RTT", "us")
+    tx_cell_us: float = cited(2.9, "calibrated to paper 000 §4.2.1's 13 MB/s at 4 KB", "us")
+    rx_cell_us: float = cited(3.2, "calibrated to paper 000 §4.2.1's 13 MB/s at 4 KB", "us")
+    inline_threshold: int = 0  # no U-Net single-cell receive path
+    cite: str = "paper 000 §4.2.1"
+
+
+@attrs.frozen
+class Pca200Params(I960Params):
+    """The PCA-200 (PCI) with U-Net firmware on a 120 MHz Pentium (paper 003 §4.2, §4.4).
+
+    Paper 003 gives both a 17 us per 100 bytes latency slope (4.1 us per cell) and
+    118-120 Mbit/s: a fully overlapped pipeline cannot show both (its slope is its bottleneck,
+    at most the 2.83 us OC-3 cell time), so the receive DMA is modeled as starting after
+    reassembly, adding its per-cell time to the latency but not to the throughput.
+    """
+
+    name: str = "pca200"
+    host_send_us: float = cited(1.5, "paper 003 §4.4.1: ~1.5 us host overhead, 40 bytes", "us")
+    host_recv_us: float = cited(2.1, "calibrated to paper 001 §3.4's 89 us RTT", "us")
+    poll_us: float = cited(2.4, "calibrated to paper 001 §3.4's 89 us RTT", "us")
+    tx_single_us: float = cited(10.0, "paper 003 §4.4.1: i960 send overhead ~10 us", "us")
+    rx_single_us: float = cited(13.0, "paper 003 §4.4.1: i960 receive overhead ~13 us", "us")
+    tx_msg_us: float = cited(17.0, "calibrated to paper 003 §4.4.2's 130 us at 44 bytes", "us")
+    rx_msg_us: float = cited(20.0, "calibrated to paper 003 §4.4.2's 130 us at 44 bytes", "us")
+    tx_cell_us: float = cited(1.5, "calibrated: below the 2.83 us OC-3 cell time", "us")
+    rx_cell_us: float = cited(2.0, "calibrated: below the 2.83 us OC-3 cell time", "us")
+    dma_cell_us: float = cited(1.425, "calibrated to paper 003 §4.4.2's 351 us at 1500 B", "us")
+    rx_dma_after_last: bool = True
+    cite: str = "paper 003 §4.2, §4.4"
+
+
+I960_MODELS: dict[str, type[I960Params]] = {
+    "sba200": I960Params,
+    "fore-firmware": ForeFirmwareParams,
+    "pca200": Pca200Params,
+}
+
+
+class I960NI(SimNI):
+    """An SBA-200 or PCA-200: the i960 does the NI's work, the host only posts and polls."""
+
+    kind = "i960"
+
+    def __init__(
+        self,
+        name: str,
+        host: Host,
+        fabric: Fabric,
+        params: I960Params,
+        link: LinkTech | None = None,
+    ) -> None:
+        super().__init__(
+            name,
+            host,
+            fabric,
+            inline_threshold=params.inline_threshold,
+            max_message=65535,
+            alignment=8,
+            poll_latency=params.poll_us * US,
+            link=link,
+        )
+        self.params = params
+        send, recv = params.host_send_us * US, params.host_recv_us * US
+        self.host_send_cost = lambda nbytes: send
+        self.host_recv_cost = lambda nbytes: recv
+
+    def channel_tags(self, local: SimAddress, remote: SimAddress) -> tuple[object, object]:
+        # A channel is a VCI pair (paper 000 §4.2.2); the receive key is the incoming VCI.
+        tx_vci = self.fabric.vc(local, remote)
+        rx_vci = self.fabric.vc(remote, local)
+        return (remote.node, tx_vci), rx_vci
+
+    def wire_tag(self, channel: Channel, endpoint: Endpoint) -> tuple[str, object, object]:
+        node, vci = typing.cast(tuple[str, int], channel.tx_tag)
+        return node, vci, vci
+
+    def tx_timing(self, nbytes: int, now: float) -> tuple[float, float, float]:
+        p = self.params
+        cells = self.link.shape(nbytes).units
+        if cells == 1 and p.inline_threshold:
+            head, per = (p.tx_single_us - p.tx_cell_us) * US, p.tx_cell_us * US
+        else:
+            head, per = p.tx_msg_us * US, p.tx_cell_us * US
+        first, last = stage(self.engine, now, now, cells, per, head=head)
+        first, last = stage(self.bus, first, last, cells, p.dma_cell_us * US)
+        return first, last, last
+
+    def rx_timing(self, packet: Packet, first_in: float, last_in: float) -> float:
+        p = self.params
+        cells = packet.shape.units
+        single = cells == 1 and p.inline_threshold
+        head = (p.rx_single_us - p.rx_cell_us) * US if single else 0.0
+        # The i960 takes each cell off the input FIFO; after the last cell of a multi-cell
+        # message it allocates the buffers' descriptor and starts its DMA to the receive queue.
+        tail = 0.0 if single else p.rx_msg_us * US
+        first, last = stage(self.engine, first_in, last_in, cells, p.rx_cell_us * US, head=head)
+        engine_done = last + tail
+        if tail:
+            self.engine.busy_until = max(self.engine.busy_until, engine_done)
+            self.engine.busy_time += tail
+        # The DMA engine moves the data to the host while the i960 goes on with later cells.
+        dma_done = stage(
+            self.bus, first, last, cells, p.dma_cell_us * US, store_and_forward=p.rx_dma_after_last
+        )[1]
+        return max(engine_done, dma_done)
+
+
+@attrs.frozen
+class Sba100Params:
+    """The SBA-100: the host does everything (paper 000 §4.1, Table 1), in microseconds.
+
+    Table 1 splits a single-cell one-way trip into 7 us of AAL5 send overhead, 21 us to send
+    and receive across the switch at trap level, and 5 us of AAL5 receive overhead.  The 21 us
+    contain the two TAXI cell times and the switch (13.06 us) and the two traps (7.94 us,
+    split evenly here).  For multi-cell messages the library's per-cell work is calibrated to
+    the 6.8 MB/s at 1 KB of paper 000 §4.1.
+    """
+
+    name: str = "sba100"
+    send_overhead_us: float = cited(7.0, "paper 000 Table 1: send overhead (AAL5)", "us")
+    recv_overhead_us: float = cited(5.0, "paper 000 Table 1: receive overhead (AAL5)", "us")
+    trap_level_us: float = cited(
+        21.0, "paper 000 Table 1: 1-way send and rcv across switch (at trap level)", "us"
+    )
+    send_cell_us: float = cited(6.65, "calibrated to paper 000 §4.1's 6.8 MB/s at 1 KB", "us")
+    recv_cell_us: float = cited(5.5, "calibrated: below the send side's per-cell cost", "us")
+    crc_send_share: float = cited(0.33, "paper 000 §4.1: CRC is 33% of the send overhead")
+    crc_recv_share: float = cited(0.40, "paper 000 §4.1: CRC is 40% of the receive overhead")
+    output_fifo_cells: int = cited(36, "paper 000 §4.1: 36-cell output FIFO", "cells")
+    input_fifo_cells: int = cited(292, "paper 000 §4.1: 292-cell input FIFO", "cells")
+    cite: str = "paper 000 §4.1, Table 1"
+
+
+class Sba100NI(SimNI):
+    """The SBA-100: cells moved by fast traps, AAL5 in a user library, all on the host CPU.
+
+    The host's send overhead (AAL5 segmentation and CRC plus one trap per cell) is charged to
+    the sending application, which is blocked for it; the receive side's per-cell traps and
+    reassembly are charged to the receiving host's CPU as the cells arrive.
+    """
+
+    kind = "sba100"
+
+    def __init__(
+        self,
+        name: str,
+        host: Host,
+        fabric: Fabric,
+        params: Sba100Params,
+        link: LinkTech | None = None,
+    ) -> None:
+        super().__init__(
+            name, host, fabric, inline_threshold=SINGLE_CELL_MAX, max_message=65535, link=link
+        )
+        self.params = params
+        self.engine = host.resource("cpu")  # no NI processor: the host CPU does the NI's work
+        link_and_switch = 2 * (link or fabric.tech).shape(1).per_unit + fabric.latency
+        self.trap_us = max(0.0, params.trap_level_us - link_and_switch / US) / 2
+        p = params
+        # Per-message and per-cell parts, so that one cell costs exactly Table 1's figures.
+        send_single = p.send_overhead_us + self.trap_us
+        recv_single = p.recv_overhead_us + self.trap_us
+        self.send_fixed_us = send_single - p.send_cell_us
+        self.recv_fixed_us = recv_single - p.recv_cell_us
+        tech = self.link
+
+        def send_cost(nbytes: int) -> float:
+            return (self.send_fixed_us + tech.shape(nbytes).units * p.send_cell_us) * US
+
+        self.host_send_cost = send_cost
+        self.host_recv_cost = None
+
+    def channel_tags(self, local: SimAddress, remote: SimAddress) -> tuple[object, object]:
+        return (remote.node, self.fabric.vc(local, remote)), self.fabric.vc(remote, local)
+
+    def wire_tag(self, channel: Channel, endpoint: Endpoint) -> tuple[str, object, object]:
+        node, vci = typing.cast(tuple[str, int], channel.tx_tag)
+        return node, vci, vci
+
+    def tx_ready(self, now: float) -> float:
+        return now  # the traps already ran on the host CPU during the send overhead
+
+    def tx_timing(self, nbytes: int, now: float) -> tuple[float, float, float]:
+        # The cells are in the output FIFO; the link drains it at its own rate.
+        return now, now, now
+
+    def rx_timing(self, packet: Packet, first_in: float, last_in: float) -> float:
+        p = self.params
+        cells = packet.shape.units
+        return stage(
+            self.engine,
+            first_in,
+            last_in,
+            cells,
+            p.recv_cell_us * US,
+            head=self.recv_fixed_us * US,
+        )[1]

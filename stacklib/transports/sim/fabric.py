@@ -1,0 +1,347 @@
+"""Simulated networks in virtual time: link technologies, switches, hubs, and injected faults.
+
+A :class:`Fabric` joins the NIs of a simulated cluster (paper 000 §4.2: eight SPARCstations on a
+Fore ASX-200 switch; paper 003 §4.1: Pentiums on a Fast Ethernet hub or switch, or on ATM):
+
+* ``switch``: each NI has a full-duplex link to the switch (an uplink and a downlink resource);
+  the switch forwards after a latency, cut-through per unit (an ATM cell switch) or after the
+  whole frame (a store-and-forward Ethernet switch), and its output port is the downlink, so
+  two senders to one receiver queue there;
+* ``hub``: one shared half-duplex medium for every NI (a Fast Ethernet repeater hub);
+* ``direct``: two NIs back to back.
+
+Link technologies turn a message into what the wire carries (:class:`WireShape`): AAL5 cells,
+one Ethernet frame with preamble and inter-frame gap, or Myrinet bytes.  Faults (loss and
+corruption per unit, duplication and reordering per message) are drawn from the world's seeded
+random streams, so a recipe and seed give the same faults every run.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal
+
+import attrs
+
+from stacklib.sim import World
+from stacklib.sim.costs import cited
+from stacklib.sim.pipeline import delay, stage
+
+if TYPE_CHECKING:
+    from stacklib.transports.sim.ni import SimNI
+
+# ---------------------------------------------------------------------------- link technologies
+
+
+@attrs.frozen(slots=True)
+class WireShape:
+    """How a message crosses a link: ``units`` of ``per_unit`` seconds, then ``tail`` idle."""
+
+    units: int
+    per_unit: float
+    tail: float
+    wire_bytes: int
+
+
+class LinkTech(abc.ABC):
+    """A link technology: its name, bit rate and framing."""
+
+    name: str
+    rate_bps: float
+
+    @abc.abstractmethod
+    def shape(self, message_bytes: int) -> WireShape:
+        """The wire form of a message of ``message_bytes`` bytes."""
+
+    def payload_limit_bps(self, message_bytes: int) -> float:
+        """Payload bits per second this link can carry at most for this message size."""
+        shape = self.shape(message_bytes)
+        return message_bytes * 8 / (shape.units * shape.per_unit + shape.tail)
+
+
+CELL_BYTES = 53
+CELL_PAYLOAD = 48
+AAL5_TRAILER = 8
+
+
+@attrs.frozen
+class AtmLink(LinkTech):
+    """An ATM link carrying AAL5 PDUs in 53-byte cells."""
+
+    name: str
+    #: Bits per second available to cells (after SONET framing on OC-3).
+    rate_bps: float
+    cite: str = ""
+
+    def shape(self, message_bytes: int) -> WireShape:
+        cells = -(-(message_bytes + AAL5_TRAILER) // CELL_PAYLOAD)
+        return WireShape(cells, CELL_BYTES * 8 / self.rate_bps, 0.0, cells * CELL_BYTES)
+
+
+#: 140 Mbit/s TAXI fiber (paper 000 §4.1-4.2).
+TAXI_140 = AtmLink("taxi-140", 140e6, "paper 000 §4.1: 140Mbit/s TAXI fibers")
+#: 155.52 Mbit/s OC-3c: SONET leaves 149.76 Mbit/s for cells, 135.6 Mbit/s of cell payload
+#: ("not 155Mbps, but rather 135 Mbps", paper 001 §3.4; 138 in paper 003 §4.4.2).
+OC3 = AtmLink("oc-3", 149.76e6, "ANSI T1.105 SONET STS-3c payload; paper 001 §3.4, 003 §4.4.2")
+
+
+@attrs.frozen
+class EthernetLink(LinkTech):
+    """Ethernet: 14-byte header + 3-byte U-Net header (paper 001 §3.2), padded to the 60-byte
+    minimum, 4-byte FCS, 8 bytes of preamble and start delimiter, 12 bytes of inter-frame gap."""
+
+    name: str = "fast-ethernet"
+    rate_bps: float = 100e6
+    header_bytes: int = 17
+    cite: str = "IEEE 802.3u 100BASE-TX; paper 001 §3.2"
+
+    def shape(self, message_bytes: int) -> WireShape:
+        frame = max(60, self.header_bytes + message_bytes) + 4
+        bit = 1.0 / self.rate_bps
+        return WireShape(1, (frame + 8) * 8 * bit, 12 * 8 * bit, frame + 20)
+
+
+@attrs.frozen
+class MyrinetLink(LinkTech):
+    """A Myrinet link: bytes flow cut-through at the link rate behind a short route header."""
+
+    name: str = "myrinet"
+    rate_bps: float = cited(1.28e9, "paper 004 §3: 1.28 Gbit/s links each way", "bit/s")
+    header_bytes: int = 8
+    cite: str = "paper 004 §3"
+
+    def shape(self, message_bytes: int) -> WireShape:
+        units = message_bytes + self.header_bytes
+        return WireShape(units, 8 / self.rate_bps, 0.0, units)
+
+
+# ---------------------------------------------------------------------------- faults
+
+
+@attrs.frozen
+class FaultParams:
+    """Faults injected on the fabric, drawn from the seeded stream ``faults:<fabric>``.
+
+    ``loss`` and ``corrupt`` are per unit (cell or frame), so a long AAL5 PDU is more likely to
+    be hit, as on a real ATM network (paper 000 §7.8, Romanow & Floyd); a corrupted message
+    reaches the receiving NI, whose CRC or FCS check drops it.
+    """
+
+    loss: float = attrs.field(
+        default=0.0, validator=[attrs.validators.ge(0.0), attrs.validators.le(1.0)]
+    )
+    corrupt: float = attrs.field(
+        default=0.0, validator=[attrs.validators.ge(0.0), attrs.validators.le(1.0)]
+    )
+    duplicate: float = attrs.field(
+        default=0.0, validator=[attrs.validators.ge(0.0), attrs.validators.le(1.0)]
+    )
+    reorder: float = attrs.field(
+        default=0.0, validator=[attrs.validators.ge(0.0), attrs.validators.le(1.0)]
+    )
+    #: How long a reordered message is held back.
+    reorder_delay_us: float = attrs.field(default=50.0, validator=attrs.validators.ge(0.0))
+
+    @property
+    def any(self) -> bool:
+        return bool(self.loss or self.corrupt or self.duplicate or self.reorder)
+
+
+# ---------------------------------------------------------------------------- packets
+
+
+@attrs.define(slots=True, eq=False)
+class Packet:
+    """One message in flight on the fabric."""
+
+    source: str
+    destination: str
+    rx_key: object
+    payload: bytes
+    dest_offset: int | None
+    shape: WireShape
+    #: Link-level tag for captures (ATM VCI, U-Net/FE port).
+    tag: object = None
+    corrupted: bool = False
+
+
+@attrs.frozen
+class FabricStatistics:
+    """Messages carried and faults injected on a fabric."""
+
+    carried: int
+    lost: int
+    corrupted: int
+    duplicated: int
+    reordered: int
+    units: int
+    wire_bytes: int
+
+
+Tap = Callable[[float, Packet], None]
+
+
+class Fabric:
+    """Links and a switch or hub joining simulated NIs.  See the module docstring."""
+
+    def __init__(
+        self,
+        world: World,
+        tech: LinkTech,
+        *,
+        topology: Literal["switch", "hub", "direct"] = "switch",
+        latency: float = 0.0,
+        store_and_forward: bool = False,
+        propagation: float = 0.0,
+        faults: FaultParams | None = None,
+        name: str = "fabric",
+    ) -> None:
+        if latency < 0 or propagation < 0:
+            raise ValueError("latency and propagation must not be negative")
+        self.world = world
+        self.tech = tech
+        self.topology = topology
+        #: Switch forwarding latency, or hub repeater latency.
+        self.latency = latency
+        self.store_and_forward = store_and_forward
+        self.propagation = propagation
+        self.faults = faults if faults is not None else FaultParams()
+        self.name = name
+        self.nis: dict[str, SimNI] = {}
+        self._medium = world.resource(f"{name}:medium")
+        self._rng = world.rng(f"faults:{name}")
+        self._vcs: dict[tuple[object, object], int] = {}
+        #: Callbacks seeing every delivered packet with its arrival time (captures).
+        self.taps: list[Tap] = []
+        self.carried = self.lost = self.corrupted = self.duplicated = self.reordered = 0
+        self.units = self.wire_bytes = 0
+
+    def __repr__(self) -> str:
+        return f"<Fabric {self.name} {self.topology} {self.tech.name}>"
+
+    def attach(self, ni: SimNI, link: LinkTech | None = None) -> None:
+        """Connect ``ni`` with its own link to the switch (or onto the hub).
+
+        ``link`` gives this NI's link a technology of its own (paper 003 §4.4.2 measured
+        bandwidth from an OC-3 sender to a TAXI receiver); by default the fabric's.
+        """
+        if ni.name in self.nis:
+            raise ValueError(f"{ni.name} is already attached to {self!r}")
+        if self.topology == "direct" and len(self.nis) >= 2:
+            raise ValueError("a direct link joins exactly two NIs")
+        self.nis[ni.name] = ni
+        ni.link = link if link is not None else self.tech
+        ni.uplink = self.world.resource(f"{self.name}:{ni.name}:up")
+        ni.downlink = self.world.resource(f"{self.name}:{ni.name}:down")
+
+    def vc(self, source: object, destination: object) -> int:
+        """The virtual circuit the OS service sets up from ``source`` to ``destination``.
+
+        Paper 000 §4.2.2: an ATM channel is a VCI pair; allocating both directions from one
+        network-wide table stands in for the switch signalling the OS service performs.
+        """
+        key = (source, destination)
+        vci = self._vcs.get(key)
+        if vci is None:
+            vci = 32 + len(self._vcs)  # VCIs 0-31 are reserved (ITU-T I.361)
+            self._vcs[key] = vci
+        return vci
+
+    # ------------------------------------------------------------------------ carrying
+
+    def transmit(self, packet: Packet, first_out: float, last_out: float) -> None:
+        """A sender NI puts ``packet`` on its link: first unit at ``first_out``, last at
+        ``last_out``.  The link to the switch belongs to the sender alone, so it is reserved
+        now; shared stages are reserved when the first unit reaches them."""
+        source = self.nis[packet.source]
+        shape = packet.shape
+        self.units += shape.units
+        self.wire_bytes += shape.wire_bytes
+        if self.topology == "hub":
+            self.world.call_at(first_out, self._on_medium, packet, first_out, last_out)
+            return
+        up = source.link.shape(len(packet.payload)) if source.link is not self.tech else shape
+        first, last = stage(source.uplink, first_out, last_out, up.units, up.per_unit, tail=up.tail)
+        first, last = delay(first, last, self.propagation)
+        if self.topology == "direct":
+            self._arrive(packet, first, last)
+            return
+        self.world.call_at(first, self._on_switch, packet, first, last)
+
+    def _on_switch(self, packet: Packet, first_in: float, last_in: float) -> None:
+        if not self._faults(packet):
+            return
+        if self.store_and_forward:
+            first_in = last_in
+        first, last = delay(first_in, last_in, self.latency)
+        destination = self.nis[packet.destination]
+        shape = packet.shape
+        if destination.link is not self.tech:
+            shape = destination.link.shape(len(packet.payload))
+        first, last = stage(
+            destination.downlink, first, last, shape.units, shape.per_unit, tail=shape.tail
+        )
+        self._arrive(packet, *delay(first, last, self.propagation))
+
+    def _on_medium(self, packet: Packet, first_out: float, last_out: float) -> None:
+        if not self._faults(packet):
+            return
+        shape = packet.shape
+        first, last = stage(
+            self._medium, first_out, last_out, shape.units, shape.per_unit, tail=shape.tail
+        )
+        self._arrive(packet, *delay(first, last, self.latency + self.propagation))
+
+    def _faults(self, packet: Packet) -> bool:
+        """Apply injected faults; False if the packet is lost."""
+        faults = self.faults
+        if not faults.any:
+            return True
+        random = self._rng.random
+        units = packet.shape.units
+        if faults.loss and random() >= (1.0 - faults.loss) ** units:
+            self.lost += 1
+            return False
+        if faults.corrupt and random() >= (1.0 - faults.corrupt) ** units:
+            self.corrupted += 1
+            packet.corrupted = True
+        if faults.duplicate and random() < faults.duplicate:
+            self.duplicated += 1
+            twin = attrs.evolve(packet)
+            self.world.call_after(0.0, self._deliver_twin, twin)
+        return True
+
+    def _deliver_twin(self, packet: Packet) -> None:
+        now = self.world.now()
+        self._arrive(packet, now, now + packet.shape.units * packet.shape.per_unit)
+
+    def _arrive(self, packet: Packet, first_in: float, last_in: float) -> None:
+        faults = self.faults
+        if faults.reorder and self._rng.random() < faults.reorder:
+            self.reordered += 1
+            held = faults.reorder_delay_us * 1e-6
+            first_in, last_in = first_in + held, last_in + held
+        self.carried += 1
+        destination = self.nis[packet.destination]
+        if self.taps:
+            for tap in self.taps:
+                tap(last_in, packet)
+        self.world.call_at(first_in, destination._arrive, packet, first_in, last_in)
+
+    def statistics(self) -> FabricStatistics:
+        return FabricStatistics(
+            carried=self.carried,
+            lost=self.lost,
+            corrupted=self.corrupted,
+            duplicated=self.duplicated,
+            reordered=self.reordered,
+            units=self.units,
+            wire_bytes=self.wire_bytes,
+        )
+
+
+def cells(message_bytes: int) -> int:
+    """AAL5 cells for a message (payload plus the 8-byte trailer, in 48-byte cells)."""
+    return max(1, math.ceil((message_bytes + AAL5_TRAILER) / CELL_PAYLOAD))

@@ -1,0 +1,178 @@
+"""The base of simulated NIs: U-Net's generic NI work, timed by a model in virtual time.
+
+A model subclass supplies the timing of its hardware:
+
+* :meth:`SimNI.tx_timing`: when the NI takes a send descriptor, reserve its stages (processor,
+  I/O bus, ...) and return when the first and last units reach the link and when the data has
+  left the sender's buffers (the descriptor is then marked injected, paper 000 §3.1);
+* :meth:`SimNI.rx_timing`: when the first unit arrives, reserve the receive stages and return
+  when the message is in the endpoint (its receive descriptor is then pushed);
+* ``host_send_cost`` / ``host_recv_cost``: the host CPU time of the message-level send and
+  receive on this NI (posting a descriptor, polling the receive queue; a fast trap on NIs the
+  kernel drives).
+
+The NI processor takes one descriptor at a time: while it is busy, descriptors wait in the send
+queue, which therefore fills and exerts back-pressure exactly when the NI is the bottleneck.
+Everything else (validation, tags, demultiplexing, free buffers, inline messages, statistics)
+is the generic :class:`~stacklib.unet.ni.NetworkInterface`.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Hashable
+
+import attrs
+
+from stacklib.errors import ChannelError
+from stacklib.sim import Host, Resource
+from stacklib.transports.sim.fabric import Fabric, LinkTech, Packet
+from stacklib.unet.endpoint import Channel, DropReason, Endpoint
+from stacklib.unet.ni import NetworkInterface, Payload
+from stacklib.wire.descriptor import SendDescriptor
+
+
+@attrs.frozen
+class SimAddress:
+    """An endpoint of a simulated cluster: the node's name and the endpoint's port."""
+
+    node: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.node}:{self.port}"
+
+
+class SimNI(NetworkInterface):
+    """A simulated NI attached to a :class:`Fabric`.  Subclasses model specific hardware."""
+
+    kind = "sim"
+
+    def __init__(
+        self,
+        name: str,
+        host: Host,
+        fabric: Fabric,
+        *,
+        inline_threshold: int,
+        max_message: int,
+        alignment: int = 8,
+        poll_latency: float = 0.0,
+        link: LinkTech | None = None,
+    ) -> None:
+        super().__init__(
+            name,
+            host,
+            inline_threshold=inline_threshold,
+            max_message=max_message,
+            alignment=alignment,
+        )
+        self.fabric = fabric
+        #: The NI's processor (the i960, the LANai) or, for kernel-driven NIs, the host CPU.
+        self.engine: Resource = host.resource("ni")
+        self.bus: Resource = host.resource("bus")
+        self.uplink: Resource = host.resource("uplink")  # replaced by Fabric.attach
+        self.downlink: Resource = host.resource("downlink")
+        self.link: LinkTech = fabric.tech
+        #: Delay from a doorbell to the NI noticing the descriptor (an NI polling its queues).
+        self.poll_latency = poll_latency
+        self._poll_at: float | None = None
+        fabric.attach(self, link)
+
+    # ------------------------------------------------------------------ addressing
+
+    def address_of(self, endpoint: Endpoint) -> SimAddress:
+        return SimAddress(self.name, endpoint.port)
+
+    def _tags(self, endpoint: Endpoint, remote: object) -> tuple[Hashable, Hashable]:
+        if not isinstance(remote, SimAddress):
+            raise ChannelError(f"{self!r} cannot reach {remote!r}: not a SimAddress")
+        if remote.node not in self.fabric.nis:
+            raise ChannelError(f"{self!r} cannot reach {remote}: no such node on the fabric")
+        return self.channel_tags(self.address_of(endpoint), remote)
+
+    def channel_tags(self, local: SimAddress, remote: SimAddress) -> tuple[Hashable, Hashable]:
+        """(transmit tag, receive key) of a channel; by default source and destination ports
+        (the U-Net/FE scheme, paper 001 §3.1).  ATM models use VCI pairs."""
+        at_remote = (local.node, local.port, remote.port)
+        here = (remote.node, remote.port, local.port)
+        return (remote, at_remote), here
+
+    def wire_tag(self, channel: Channel, endpoint: Endpoint) -> tuple[str, Hashable, object]:
+        """(destination node, receive key at the destination, link-level tag) for a send."""
+        remote, rx_key = typing.cast(tuple[SimAddress, Hashable], channel.tx_tag)
+        return remote.node, rx_key, remote.port
+
+    # ------------------------------------------------------------------ model hooks
+
+    def tx_timing(self, nbytes: int, now: float) -> tuple[float, float, float]:
+        """Reserve the send stages; return (first unit on the link, last unit on the link,
+        data read from the sender's buffers)."""
+        raise NotImplementedError
+
+    def rx_timing(self, packet: Packet, first_in: float, last_in: float) -> float:
+        """Reserve the receive stages; return when the message is in the endpoint."""
+        raise NotImplementedError
+
+    def tx_ready(self, now: float) -> float:
+        """When the NI can take the next send descriptor (default: its processor is free)."""
+        return self.engine.busy_until
+
+    # ------------------------------------------------------------------ send path
+
+    def doorbell(self, endpoint: Endpoint) -> None:
+        self._schedule_poll(self.world.now() + self.poll_latency)
+
+    def _schedule_poll(self, when: float) -> None:
+        if self._poll_at is None or when < self._poll_at:
+            self._poll_at = when
+            self.world.call_at(when, self._poll, when)
+
+    def _poll(self, when: float) -> None:
+        if self._poll_at != when:
+            return  # superseded by an earlier poll
+        self._poll_at = None
+        self._resume()
+
+    def _transmit(
+        self, endpoint: Endpoint, channel: Channel, descriptor: SendDescriptor, data: Payload
+    ) -> bool:
+        world = self.world
+        now = world.now()
+        ready = self.tx_ready(now)
+        if ready > now:
+            self._schedule_poll(ready)
+            return False
+        destination, rx_key, tag = self.wire_tag(channel, endpoint)
+        length = len(data)
+        first_out, last_out, injected = self.tx_timing(length, now)
+        packet = Packet(
+            source=self.name,
+            destination=destination,
+            rx_key=rx_key,
+            payload=bytes(data),  # the DMA reads the buffer before it is marked injected
+            dest_offset=descriptor.dest_offset,
+            shape=self.link.shape(length),
+            tag=tag,
+        )
+        world.call_at(injected, self._tx_done, endpoint, descriptor, length)
+        self.fabric.transmit(packet, first_out, last_out)
+        return True
+
+    def _tx_done(self, endpoint: Endpoint, descriptor: SendDescriptor, length: int) -> None:
+        self._injected(endpoint, descriptor, length)
+        endpoint._send_progress()
+
+    # ------------------------------------------------------------------ receive path
+
+    def _arrive(self, packet: Packet, first_in: float, last_in: float) -> None:
+        """The first unit of ``packet`` reached this NI (called at ``first_in``)."""
+        done = self.rx_timing(packet, first_in, last_in)
+        self.world.call_at(done, self._rx_done, packet)
+
+    def _rx_done(self, packet: Packet) -> None:
+        if packet.corrupted:
+            # The AAL5 CRC (or Ethernet FCS) check fails: the whole message is dropped.
+            self.drop(DropReason.CORRUPTED)
+            return
+        self._deliver(packet.rx_key, packet.payload, packet.dest_offset)

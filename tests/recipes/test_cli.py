@@ -1,0 +1,101 @@
+"""The ``stacklib`` command, run as a subprocess the way users run it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def stacklib(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "stacklib.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=check,
+        timeout=120,
+    )
+
+
+def test_help_lists_every_command() -> None:
+    out = stacklib("--help").stdout
+    for command in ("list", "run", "decode", "bench", "reproduce"):
+        assert command in out
+    for command in ("list", "run", "decode", "bench", "reproduce"):
+        sub = stacklib(command, "--help").stdout
+        assert "usage: stacklib" in sub and "-h, --help" in sub
+
+
+def test_list_shows_recipes_with_descriptions() -> None:
+    out = stacklib("list").stdout
+    assert "unet-memory-pingpong" in out and "memory transport" in out
+    listed = json.loads(stacklib("list", "--json").stdout)
+    assert {"name", "description", "path"} <= set(listed[0])
+
+
+def test_run_prints_a_table_and_json() -> None:
+    out = stacklib("run", "memory-table1-virtual").stdout
+    assert "66.00" in out and "round trips/s" in out
+    result = json.loads(stacklib("run", "memory-table1-virtual", "--json").stdout)
+    assert [round(row["rtt_us"], 6) for row in result["rows"]] == [66.0, 66.0]
+
+
+def test_run_with_overrides() -> None:
+    out = stacklib(
+        "run",
+        "unet-memory-pingpong",
+        "--set",
+        "workload.iterations=3",
+        "--set",
+        "workload.sizes=[40]",
+        "--json",
+    ).stdout
+    assert [row["size"] for row in json.loads(out)["rows"]] == [40]
+
+
+def test_recipe_error_exits_2_and_names_the_key() -> None:
+    done = stacklib("run", "unet-memory-pingpong", "--set", "transport.speed=9", check=False)
+    assert done.returncode == 2
+    assert "transport.speed" in done.stderr and "unknown key" in done.stderr
+    done = stacklib("run", "no-such-recipe", check=False)
+    assert done.returncode == 2 and "no such recipe" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("fmt", "hexdata", "expected"),
+    [
+        ("atm-cell", "0000000152" + "6a" * 48, "vci"),
+    ],
+)
+def test_decode(fmt: str, hexdata: str, expected: str) -> None:
+    out = stacklib("decode", fmt, hexdata).stdout
+    assert expected in out.lower()
+
+
+def test_decode_lists_formats_and_rejects_garbage() -> None:
+    out = stacklib("decode", "--list").stdout
+    assert "unet-eth" in out and "atm-cell" in out
+    done = stacklib("decode", "unet-eth", "00", check=False)
+    assert done.returncode == 2 and "stacklib:" in done.stderr
+    done = stacklib("decode", "unet-eth", "zz", check=False)
+    assert done.returncode == 2 and "not hexadecimal" in done.stderr
+    done = stacklib("decode", "no-format", "00", check=False)
+    assert done.returncode == 2
+
+
+def test_bench_core_runs_small() -> None:
+    result = json.loads(
+        stacklib("bench", "core", "--iterations", "200", "--repeat", "1", "--json").stdout
+    )
+    assert result["facts"]["ratio_unet_to_trio"] > 0
+
+
+def test_reproduce_runs() -> None:
+    done = stacklib("reproduce", check=False)
+    assert done.returncode in (0, 1)
