@@ -274,6 +274,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
         print(f"stacklib: {message}", file=sys.stderr)
         return 2
+    except BaseExceptionGroup as group:
+        # A stacklib error raised inside a workload's nursery arrives wrapped in a group.
+        errors = group.subgroup(lambda e: isinstance(e, StacklibError))
+        if errors is None:
+            raise
+        while isinstance(errors, BaseExceptionGroup):
+            errors = errors.exceptions[0]
+        print(f"stacklib: {errors}", file=sys.stderr)
+        return 2
     return status
 
 

@@ -122,5 +122,5 @@ def structure(cls: type[T], data: Mapping[str, object], where: str, prefix: str 
 
 def unstructure(instance: object) -> dict[str, object]:
     """The mapping :func:`structure` would accept for ``instance`` (for ``--json`` output)."""
-    result = attrs.asdict(typing.cast(Any, instance), recurse=True, retain_collection_types=False)
+    result = attrs.asdict(typing.cast(Any, instance), recurse=True)
     return typing.cast(dict[str, object], result)

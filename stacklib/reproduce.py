@@ -56,8 +56,8 @@ def register_experiment(experiment: Experiment) -> Experiment:
 
 
 def _load_builtin() -> None:
-    # Experiments register when their modules are imported; simulated NIs add theirs.
-    pass
+    # Experiments register when their modules are imported.
+    import stacklib.experiments  # noqa: F401
 
 
 def format_figures(title: str, figures: Sequence[Figure]) -> str:

@@ -53,6 +53,7 @@ import attrs
 import trio
 
 from stacklib.bench.result import Cell, Column, Result
+from stacklib.errors import PeerUnreachable
 from stacklib.services import DatagramService
 
 if TYPE_CHECKING:
@@ -139,7 +140,7 @@ class BandwidthParams:
     retries: int = attrs.field(default=3, validator=attrs.validators.ge(0))
 
 
-class PeerUnresponsive(RuntimeError):
+class PeerUnresponsive(PeerUnreachable):
     """The other node did not answer a control message, even after retries."""
 
 

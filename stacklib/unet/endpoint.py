@@ -264,6 +264,10 @@ class Endpoint:
         self._send_cost = ni.host_send_cost
         self._recv_cost = ni.host_recv_cost
         self._cpu = ni.host.resource("cpu")
+        self._world = ni.world
+        self._virtual = ni.world.virtual
+        self._prepaid_receives = 0  # receive costs already spent on the CPU
+        self._prepaid_wake_pending = False
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{len(self.channels)} channels"
@@ -363,14 +367,22 @@ class Endpoint:
         buffers (several, as scatter-gather fragments, if needed).  The returned descriptor's
         ``status`` tells when the NI injected it (or why it rejected it).
         """
+        descriptor = self._prepare(channel, data, dest_offset)
+        self.send_queue.push(descriptor)
+        self.ni.doorbell(self)
+        return descriptor
+
+    def _prepare(
+        self, channel: int, data: bytes | bytearray | memoryview, dest_offset: int | None
+    ) -> SendDescriptor:
+        """Build the descriptor of a message-level send, copying into send buffers, once the
+        send queue has room for it; :class:`trio.WouldBlock` otherwise."""
         self._check_usable()
+        if self.send_queue.full:
+            raise trio.WouldBlock
         length = len(data)
         if length <= self.ni.inline_threshold and dest_offset is None:
-            descriptor = SendDescriptor(channel, inline=bytes(data))
-            if not self.send_queue.push(descriptor):
-                raise trio.WouldBlock
-            self.ni.doorbell(self)
-            return descriptor
+            return SendDescriptor(channel, inline=bytes(data))
         if length > self.ni.max_message:
             raise UNetError(
                 f"message of {length} bytes exceeds the NI's maximum of {self.ni.max_message}"
@@ -382,8 +394,6 @@ class Endpoint:
                 f"message of {length} bytes needs {needed} send buffers of {size} bytes; "
                 f"the endpoint has {self.config.tx_buffers} (raise EndpointConfig.tx_buffers)"
             )
-        if self.send_queue.full:
-            raise trio.WouldBlock
         pool = self._tx_pool
         if len(pool) < needed:
             self._reclaim()
@@ -402,14 +412,16 @@ class Endpoint:
         buffers = tuple(fragments)
         descriptor = SendDescriptor(channel, fragments=buffers, dest_offset=dest_offset)
         self._tx_inflight.append((descriptor, buffers))
-        self.send_queue.push(descriptor)
-        self.ni.doorbell(self)
         return descriptor
 
     async def send(
         self, channel: int, data: bytes | bytearray | memoryview, *, dest_offset: int | None = None
     ) -> SendDescriptor:
-        """Send ``data`` on ``channel``, waiting while the send queue or buffers are full."""
+        """Send ``data`` on ``channel``, waiting while the send queue or buffers are full.
+
+        On an NI with a modeled host cost the caller's task holds the host CPU for that cost
+        first (in a simulation), as the application's own thread executes the send path.
+        """
         await trio.lowlevel.checkpoint_if_cancelled()
         cost = self._send_cost(len(data)) if self._send_cost is not None else 0.0
         if cost:
@@ -453,6 +465,10 @@ class Endpoint:
             self._check_usable()
             await self._recv_waiters.wait()
             message = self.poll()
+        if self._prepaid_receives:
+            # The CPU spent the receive cost when the message arrived (see _arrived).
+            self._prepaid_receives -= 1
+            return message
         cost = self._recv_cost(len(message.data)) if self._recv_cost is not None else 0.0
         if cost:
             await self._cpu.use(cost)
@@ -538,12 +554,26 @@ class Endpoint:
 
     # ------------------------------------------------------------------ NI side
 
-    def _arrived(self) -> None:
-        """Called by the NI after it pushed a receive descriptor."""
+    def _arrived(self, length: int = 0) -> None:
+        """Called by the NI after it pushed a receive descriptor of ``length`` bytes."""
         if self._recv_waiters:
-            self._recv_waiters.wake_all()
+            cost = self._recv_cost(length) if self._recv_cost is not None else 0.0
+            if cost and self._virtual:
+                # A task is blocked in recv, so the CPU polls idly: it spends the receive cost
+                # of this first arrival from now on, and the task wakes once, when that is
+                # done.  Later arrivals before the wake-up pay their cost when consumed.
+                if not self._prepaid_wake_pending:
+                    self._prepaid_wake_pending = True
+                    self._prepaid_receives += 1
+                    self._cpu.hold(cost, self._prepaid_wake)
+            else:
+                self._recv_waiters.wake_all()
         if self._upcalls:
             self._maybe_upcall()
+
+    def _prepaid_wake(self) -> None:
+        self._prepaid_wake_pending = False
+        self._recv_waiters.wake_all()
 
     def _send_progress(self) -> None:
         """Called by the NI after it took descriptors off the send queue."""

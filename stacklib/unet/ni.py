@@ -339,7 +339,7 @@ class NetworkInterface:
         endpoint.received_bytes += length
         self.received += 1
         self.received_bytes += length
-        endpoint._arrived()
+        endpoint._arrived(length)
 
     def _take_buffers(self, endpoint: Endpoint, length: int) -> tuple[Fragment, ...] | None:
         """Pop enough valid free buffers for ``length`` bytes, or drop the message (None).

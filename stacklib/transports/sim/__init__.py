@@ -19,7 +19,15 @@ from stacklib.sim import CostProfile, Host, World
 from stacklib.sim.costs import cited
 from stacklib.transports import TransportKind, register_transport
 from stacklib.transports.sim.atm import I960_MODELS, I960NI, Sba100NI, Sba100Params
-from stacklib.transports.sim.fabric import OC3, TAXI_140, AtmLink, Fabric, FaultParams
+from stacklib.transports.sim.ethernet import FE_INTERCONNECTS, Dc21140NI, Dc21140Params
+from stacklib.transports.sim.fabric import (
+    OC3,
+    TAXI_140,
+    AtmLink,
+    EthernetLink,
+    Fabric,
+    FaultParams,
+)
 from stacklib.transports.sim.hosts import HOSTS
 from stacklib.transports.sim.ni import SimAddress, SimNI
 from stacklib.unet.node import Node
@@ -100,6 +108,51 @@ def _override(model: P, overrides: dict[str, float]) -> P:
             raise ConfigError("transport", f"overrides.{key}", f"not a parameter of {model!r}")
     return attrs.evolve(model, **overrides)  # type: ignore[misc]
 
+
+@attrs.frozen
+class FastEthernetParams:
+    """Recipe parameters of the ``sim-fe`` transport."""
+
+    interconnect: Literal["hub", "bay28115", "fn100"] = "hub"
+    host: str = "p120"
+    faults: FaultParams = attrs.Factory(FaultParams)
+    #: Replace DC21140 model parameters by name.
+    overrides: dict[str, float] = attrs.Factory(dict)
+
+
+def build_fe(
+    world: World, params: FastEthernetParams, names: Sequence[str], profile: CostProfile | None
+) -> SimCluster:
+    if params.host not in HOSTS:
+        raise ConfigError("transport", "host", f"unknown host {params.host!r} ({', '.join(HOSTS)})")
+    interconnect = FE_INTERCONNECTS[params.interconnect]
+    fabric = Fabric(
+        world,
+        EthernetLink(),
+        topology=interconnect.topology,
+        latency=interconnect.latency_us * 1e-6,
+        store_and_forward=True,
+        faults=params.faults,
+        name=f"fe-{interconnect.name}",
+    )
+    cluster = SimCluster(world, fabric)
+    model = _override(Dc21140Params(), params.overrides)
+    for name in names:
+        host = Host(name, world, profile)
+        cluster.add(name, host, Dc21140NI(name, host, fabric, model))
+    return cluster
+
+
+register_transport(
+    TransportKind(
+        name="sim-fe",
+        Params=FastEthernetParams,
+        build=build_fe,
+        description="DEC 21140 Fast Ethernet with U-Net/FE in the kernel, on a hub or a Bay "
+        "28115 / Cabletron FN100 switch, in virtual time",
+        clock="virtual",
+    )
+)
 
 register_transport(
     TransportKind(

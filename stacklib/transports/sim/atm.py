@@ -59,6 +59,11 @@ class I960Params:
     )
     #: Receive DMA to the host starts after the last cell (see PCA200).
     rx_dma_after_last: bool = False
+    output_fifo_cells: int = cited(
+        36,
+        "paper 000 §4.1-4.2: the SBA-100's 36-cell output FIFO, which the SBA-200 shares",
+        "cells",
+    )
     inline_threshold: int = SINGLE_CELL_MAX
     cite: str = "paper 000 §4.2"
 
@@ -134,6 +139,7 @@ class I960NI(SimNI):
             alignment=8,
             poll_latency=params.poll_us * US,
             link=link,
+            tx_backlog=params.output_fifo_cells * (link or fabric.tech).shape(1).per_unit,
         )
         self.params = params
         send, recv = params.host_send_us * US, params.host_recv_us * US
@@ -225,8 +231,15 @@ class Sba100NI(SimNI):
         params: Sba100Params,
         link: LinkTech | None = None,
     ) -> None:
+        cell = (link or fabric.tech).shape(1).per_unit
         super().__init__(
-            name, host, fabric, inline_threshold=SINGLE_CELL_MAX, max_message=65535, link=link
+            name,
+            host,
+            fabric,
+            inline_threshold=SINGLE_CELL_MAX,
+            max_message=65535,
+            link=link,
+            tx_backlog=params.output_fifo_cells * cell,
         )
         self.params = params
         self.engine = host.resource("cpu")  # no NI processor: the host CPU does the NI's work
@@ -254,7 +267,9 @@ class Sba100NI(SimNI):
         return node, vci, vci
 
     def tx_ready(self, now: float) -> float:
-        return now  # the traps already ran on the host CPU during the send overhead
+        # The traps already ran on the host CPU during the send overhead; only the output
+        # FIFO can hold the NI back.
+        return self.link_ready()
 
     def tx_timing(self, nbytes: int, now: float) -> tuple[float, float, float]:
         # The cells are in the output FIFO; the link drains it at its own rate.

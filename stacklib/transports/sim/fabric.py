@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Literal
 
 import attrs
 
-from stacklib.sim import World
+from stacklib.sim import Resource, World
 from stacklib.sim.costs import cited
 from stacklib.sim.pipeline import delay, stage
 
@@ -235,6 +235,11 @@ class Fabric:
         ni.link = link if link is not None else self.tech
         ni.uplink = self.world.resource(f"{self.name}:{ni.name}:up")
         ni.downlink = self.world.resource(f"{self.name}:{ni.name}:down")
+
+    def egress(self, ni: SimNI) -> Resource:
+        """The first shared or serial resource a sender's frames queue on: its own link to
+        the switch, or the hub's medium."""
+        return self._medium if self.topology == "hub" else ni.uplink
 
     def vc(self, source: object, destination: object) -> int:
         """The virtual circuit the OS service sets up from ``source`` to ``destination``.

@@ -59,6 +59,7 @@ class SimNI(NetworkInterface):
         alignment: int = 8,
         poll_latency: float = 0.0,
         link: LinkTech | None = None,
+        tx_backlog: float = 0.0,
     ) -> None:
         super().__init__(
             name,
@@ -76,6 +77,10 @@ class SimNI(NetworkInterface):
         self.link: LinkTech = fabric.tech
         #: Delay from a doorbell to the NI noticing the descriptor (an NI polling its queues).
         self.poll_latency = poll_latency
+        #: How far ahead of its link the NI may queue, in seconds of link time: the output
+        #: FIFO or transmit ring.  Beyond it the NI stops taking descriptors, so the send
+        #: queue fills and the application feels the link's back-pressure.
+        self.tx_backlog = tx_backlog
         self._poll_at: float | None = None
         fabric.attach(self, link)
 
@@ -115,8 +120,13 @@ class SimNI(NetworkInterface):
         raise NotImplementedError
 
     def tx_ready(self, now: float) -> float:
-        """When the NI can take the next send descriptor (default: its processor is free)."""
-        return self.engine.busy_until
+        """When the NI can take the next send descriptor: its processor is free and its link
+        has room in the output FIFO."""
+        return max(self.engine.busy_until, self.link_ready())
+
+    def link_ready(self) -> float:
+        """When the link's queue has drained to the NI's transmit backlog."""
+        return self.fabric.egress(self).busy_until - self.tx_backlog
 
     # ------------------------------------------------------------------ send path
 

@@ -1,0 +1,8 @@
+"""The experiments ``stacklib reproduce`` runs, one module per part of the papers.
+
+Importing this package registers them with :mod:`stacklib.reproduce`.
+"""
+
+from __future__ import annotations
+
+from stacklib.experiments import network_interfaces  # noqa: F401
