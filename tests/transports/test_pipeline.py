@@ -58,7 +58,7 @@ def test_faster_stage_waits_for_the_last_unit_from_upstream() -> None:
     r = _resource()
     first, last = stage(r, 1.0, 5.0, 5, 0.25)
     assert first == 1.25
-    assert 1.0 + 5 * 0.25 < last  # the start + n*u bound alone would be too early
+    assert last > 1.0 + 5 * 0.25  # the start + n*u bound alone would be too early
     assert last == 5.0 + 0.25
     assert r.busy_until == 5.25
     # busy_time counts the work done (n * u), not the time spent waiting for upstream units.
