@@ -78,7 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from stacklib.recipes import run_recipe
 
     recipe = _load(args.recipe, args.set)
-    result = run_recipe(recipe, seed=args.seed)
+    result = run_recipe(recipe, seed=args.seed, pcap=args.pcap)
     if args.json:
         print(result.to_json())
     else:
@@ -151,7 +151,7 @@ def _bench_workload(args: argparse.Namespace) -> Any:
         params = attrs.evolve(base, **given)
     except (TypeError, ValueError) as error:
         raise ConfigError("command line", args.bench, str(error)) from None
-    return run_recipe(attrs.evolve(recipe, workload=kind, workload_params=params))
+    return run_recipe(attrs.evolve(recipe, workload=kind, workload_params=params), pcap=args.pcap)
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
@@ -190,6 +190,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--seed", type=int, default=None, help="override the recipe's seed")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
+    p.add_argument(
+        "--pcap",
+        metavar="FILE",
+        help="write the simulated link's traffic to a pcap file for Wireshark/tshark",
+    )
     p.set_defaults(func=cmd_run)
 
     p = commands.add_parser(
@@ -245,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
                 help="which bandwidths",
             )
         b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
+        b.add_argument("--pcap", metavar="FILE", help="capture the simulated link to FILE")
         b.add_argument("--json", action="store_true", help="print JSON")
         b.set_defaults(func=cmd_bench)
 

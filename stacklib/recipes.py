@@ -252,9 +252,31 @@ def list_recipes() -> list[tuple[str, str, Path]]:
     return [found[name] for name in sorted(found)]
 
 
-async def _run(recipe: Recipe, world: World, params: Any) -> Result:
+async def _run(recipe: Recipe, world: World, params: Any, pcap: str | None = None) -> Result:
     names = [f"node{i}" for i in range(recipe.workload.nodes)]
     network = recipe.transport.build(world, recipe.transport_params, names, recipe.profile)
+    capture = None
+    if pcap is not None:
+        fabric = getattr(network, "fabric", None)
+        if fabric is None:
+            raise ConfigError(
+                str(recipe.path),
+                "transport.kind",
+                f"{recipe.transport.name} has no link to capture",
+            )
+        from stacklib.transports.sim.capture import FabricCapture
+
+        capture = FabricCapture(fabric, pcap)
+    try:
+        return await _run_workload(recipe, world, params, network, names)
+    finally:
+        if capture is not None:
+            capture.close()
+
+
+async def _run_workload(
+    recipe: Recipe, world: World, params: Any, network: Any, names: list[str]
+) -> Result:
     nodes = [network.nodes[name] for name in names]
     endpoints = [
         node.os.create_endpoint(
@@ -284,17 +306,24 @@ async def _open_stacks(
         yield services
 
 
-def run_recipe(recipe: Recipe, *, seed: int | None = None, workload_params: Any = None) -> Result:
+def run_recipe(
+    recipe: Recipe,
+    *,
+    seed: int | None = None,
+    workload_params: Any = None,
+    pcap: str | None = None,
+) -> Result:
     """Run a recipe's workload and return its result.
 
-    ``seed`` overrides the recipe's; ``workload_params`` replaces its workload parameters.
+    ``seed`` overrides the recipe's; ``workload_params`` replaces its workload parameters;
+    ``pcap`` names a capture file for the transport's links (simulated transports).
     """
     run_seed = recipe.run.seed if seed is None else seed
     params = recipe.workload_params if workload_params is None else workload_params
     if recipe.run.clock == "virtual":
         sim = Simulation(seed=run_seed)
-        result: Result = sim.run(_run, recipe, sim, params)
+        result: Result = sim.run(_run, recipe, sim, params, pcap)
         return attrs.evolve(result, facts={**result.facts, "clock": "virtual", "seed": run_seed})
     world = RealWorld(seed=run_seed)
-    result = trio.run(_run, recipe, world, params)
+    result = trio.run(_run, recipe, world, params, pcap)
     return attrs.evolve(result, facts={**result.facts, "clock": "real"})

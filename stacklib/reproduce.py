@@ -9,6 +9,7 @@ See docs/reproduction.md.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable, Sequence
 
@@ -86,6 +87,16 @@ def run_experiments(
 ) -> int:
     """Run the selected experiments, print the results; 1 if a figure is out of tolerance."""
     _load_builtin()
+    if plots is not None:
+        try:  # fail before the runs, not after them
+            import stacklib.plots  # noqa: F401
+        except ImportError as error:
+            print(
+                f"stacklib reproduce: --plots needs matplotlib ({error}); "
+                "install it with: pip install 'stacklib[plot]'",
+                file=sys.stderr,
+            )
+            return 2
     selected = list(EXPERIMENTS.values())
     if only:
         unknown = [name for name in only if name not in EXPERIMENTS]
@@ -102,7 +113,10 @@ def run_experiments(
         return 0
     failures = 0
     report = []
-    for experiment in selected:
+    progress = sys.stderr.isatty() and not as_json
+    for index, experiment in enumerate(selected, 1):
+        if progress:
+            print(f"[{index}/{len(selected)}] {experiment.name} ...", end="\r", file=sys.stderr)
         start = time.perf_counter()
         figures = list(experiment.run())
         wall = time.perf_counter() - start
@@ -125,4 +139,15 @@ def run_experiments(
         print(json.dumps(report, indent=2))
     elif failures:
         print(f"{failures} figure(s) outside tolerance")
+    if plots is not None:
+        from stacklib.plots import draw_figures
+
+        start = time.perf_counter()
+        written = draw_figures(plots)
+        wall = time.perf_counter() - start
+        # Keep stdout valid JSON with --json: the list of plots goes to stderr then.
+        out = sys.stderr if as_json else sys.stdout
+        print(f"plots written to {plots}  [{wall:.1f} s]", file=out)
+        for path in written:
+            print(f"  {path}", file=out)
     return 1 if failures else 0

@@ -268,6 +268,7 @@ class Endpoint:
         self._virtual = ni.world.virtual
         self._prepaid_receives = 0  # receive costs already spent on the CPU
         self._prepaid_wake_pending = False
+        self._signal_pending = False
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{len(self.channels)} channels"
@@ -569,7 +570,18 @@ class Endpoint:
             else:
                 self._recv_waiters.wake_all()
         if self._upcalls:
-            self._maybe_upcall()
+            signal = self.ni.upcall_cost
+            if signal and self._virtual:
+                # The upcall is a UNIX signal: the host spends its delivery cost first.
+                if not self._signal_pending:
+                    self._signal_pending = True
+                    self._cpu.hold(signal, self._signal_delivered)
+            else:
+                self._maybe_upcall()
+
+    def _signal_delivered(self) -> None:
+        self._signal_pending = False
+        self._maybe_upcall()
 
     def _prepaid_wake(self) -> None:
         self._prepaid_wake_pending = False

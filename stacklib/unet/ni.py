@@ -91,6 +91,8 @@ class NetworkInterface:
         #: Modeled NIs set their own; by default the host profile's "unet.send"/"unet.recv".
         self.host_send_cost: Callable[[int], float] | None = None
         self.host_recv_cost: Callable[[int], float] | None = None
+        #: Host CPU seconds to deliver an upcall (a UNIX signal on SunOS, paper 000 §4.2.3).
+        self.upcall_cost = 0.0
         if profile is not None:
             if SEND_OP in profile.ops:
                 self.host_send_cost = profile.ops[SEND_OP].seconds

@@ -13,7 +13,13 @@ import pytest
 import trio
 
 from stacklib.sim import Host, Simulation
-from stacklib.transports.sim import AtmParams, SimCluster, build_atm
+from stacklib.transports.sim import (
+    AtmParams,
+    FastEthernetParams,
+    SimCluster,
+    build_atm,
+    build_fe,
+)
 from stacklib.transports.sim.atm import I960NI, I960Params
 from stacklib.transports.sim.fabric import (
     OC3,
@@ -40,9 +46,6 @@ def _endpoints(cluster: SimCluster, config: EndpointConfig | None = None) -> dic
 
 
 def _build_fe(sim: Simulation, interconnect: str, names: list[str]) -> SimCluster:
-    # Imported here so that a broken Fast Ethernet model fails only the tests that use it.
-    from stacklib.transports.sim import FastEthernetParams, build_fe
-
     return build_fe(sim, FastEthernetParams(interconnect=interconnect), names, None)  # type: ignore[arg-type]
 
 
@@ -247,6 +250,38 @@ def test_switch_output_port_contention_queues_at_the_receivers_downlink() -> Non
     c, a, b = (cluster.nodes[n].ni for n in "cab")
     assert c.downlink.holds == 2  # type: ignore[attr-defined]
     assert a.uplink.holds == b.uplink.holds == 1  # type: ignore[attr-defined]
+
+
+def _mixed_links(params: AtmParams, size: int = 1000) -> tuple[float, float]:
+    """Node a (OC-3) sends to node b (TAXI): (b's downlink busy time, tap arrival time)."""
+    sim = Simulation()
+    cluster = build_atm(sim, params, ["a", "b"], None)
+    eps = _endpoints(cluster)
+    ch, _ = connect(eps["a"], eps["b"])
+    seen: list[float] = []
+    cluster.fabric.taps.append(lambda when, packet: seen.append(when))
+
+    async def main() -> None:
+        await eps["a"].send(ch, bytes(size))
+        await eps["b"].recv()
+
+    sim.run(main)
+    a, b = cluster.nodes["a"].ni, cluster.nodes["b"].ni
+    assert (a.link, b.link) == (OC3, TAXI_140)  # type: ignore[attr-defined]
+    return b.downlink.busy_time, seen[0]  # type: ignore[attr-defined]
+
+
+def test_each_link_carries_cells_at_its_own_rate() -> None:
+    # Paper 003 §4.4.2 measured an OC-3 sender against a TAXI receiver.  The switch's port to
+    # the receiver runs at the receiver's link rate, whichever technology is the fabric's
+    # default: the same physical set-up must give the same times.
+    size = 1000  # 21 cells
+    taxi_cells = TAXI_140.shape(size).units * TAXI_CELL
+    by_default_oc3 = _mixed_links(AtmParams(link="oc-3", links=["oc-3", "taxi-140"]))
+    by_default_taxi = _mixed_links(AtmParams(link="taxi-140", links=["oc-3", "taxi-140"]))
+    assert by_default_oc3[0] == pytest.approx(taxi_cells, rel=1e-9)
+    assert by_default_taxi[0] == pytest.approx(taxi_cells, rel=1e-9)
+    assert by_default_taxi[1] == pytest.approx(by_default_oc3[1], rel=1e-9)
 
 
 def _exchange(interconnect: str) -> tuple[list[float], float]:

@@ -63,7 +63,9 @@ class AtmParams:
     switch_latency_us: float = cited(
         7.0, "paper 003 §4.1: the ASX-200 forwards cells in about 7 us", "us"
     )
-    host: str = "ss20"
+    #: The host machine (stacklib.transports.sim.hosts.HOSTS); host-side costs scale by clock
+    #: rate from the machine the paper measured them on, the default.
+    host: str | None = None
     faults: FaultParams = attrs.Factory(FaultParams)
     #: Replace model parameters by name, e.g. {tx_cell_us = 1.0}: "what if" experiments.
     overrides: dict[str, float] = attrs.Factory(dict)
@@ -72,8 +74,6 @@ class AtmParams:
 def build_atm(
     world: World, params: AtmParams, names: Sequence[str], profile: CostProfile | None
 ) -> SimCluster:
-    if params.host not in HOSTS:
-        raise ConfigError("transport", "host", f"unknown host {params.host!r} ({', '.join(HOSTS)})")
     fabric = Fabric(
         world,
         ATM_LINKS[params.link],
@@ -90,15 +90,27 @@ def build_atm(
         link = ATM_LINKS[params.links[index]] if index < len(params.links) else None
         ni: SimNI
         if params.ni == "sba100":
-            ni = Sba100NI(name, host, fabric, _override(Sba100Params(), params.overrides), link)
+            sba100 = _override(Sba100Params(), params.overrides)
+            scale = host_scale(sba100.reference_host, params.host or sba100.reference_host)
+            ni = Sba100NI(name, host, fabric, sba100, link, host_scale=scale)
         else:
             model = _override(I960_MODELS[params.ni](), params.overrides)
-            ni = I960NI(name, host, fabric, model, link)
+            scale = host_scale(model.reference_host, params.host or model.reference_host)
+            ni = I960NI(name, host, fabric, model, link, host_scale=scale)
         cluster.add(name, host, ni)
     return cluster
 
 
 P = TypeVar("P")
+
+
+def host_scale(reference: str, host: str) -> float:
+    """How much longer host-side work takes on ``host`` than on the machine the paper measured
+    it on: the ratio of clock rates (a first-order model; docs/reproduction.md)."""
+    if host not in HOSTS:
+        known = ", ".join(HOSTS)
+        raise ConfigError("transport", "host", f"unknown host {host!r} (known: {known})")
+    return HOSTS[reference].mhz / HOSTS[host].mhz
 
 
 def _override(model: P, overrides: dict[str, float]) -> P:
@@ -114,7 +126,8 @@ class FastEthernetParams:
     """Recipe parameters of the ``sim-fe`` transport."""
 
     interconnect: Literal["hub", "bay28115", "fn100"] = "hub"
-    host: str = "p120"
+    #: The host machine; host-side costs scale by clock rate from paper 003's 120 MHz Pentium.
+    host: str | None = None
     faults: FaultParams = attrs.Factory(FaultParams)
     #: Replace DC21140 model parameters by name.
     overrides: dict[str, float] = attrs.Factory(dict)
@@ -123,8 +136,6 @@ class FastEthernetParams:
 def build_fe(
     world: World, params: FastEthernetParams, names: Sequence[str], profile: CostProfile | None
 ) -> SimCluster:
-    if params.host not in HOSTS:
-        raise ConfigError("transport", "host", f"unknown host {params.host!r} ({', '.join(HOSTS)})")
     interconnect = FE_INTERCONNECTS[params.interconnect]
     fabric = Fabric(
         world,
@@ -137,9 +148,10 @@ def build_fe(
     )
     cluster = SimCluster(world, fabric)
     model = _override(Dc21140Params(), params.overrides)
+    scale = host_scale(model.reference_host, params.host or model.reference_host)
     for name in names:
         host = Host(name, world, profile)
-        cluster.add(name, host, Dc21140NI(name, host, fabric, model))
+        cluster.add(name, host, Dc21140NI(name, host, fabric, model, host_scale=scale))
     return cluster
 
 

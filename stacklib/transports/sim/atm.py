@@ -59,12 +59,22 @@ class I960Params:
     )
     #: Receive DMA to the host starts after the last cell (see PCA200).
     rx_dma_after_last: bool = False
+    signal_us: float = cited(
+        30.0, "paper 000 §4.2.3: a UNIX signal instead of polling adds ~30 us on each end", "us"
+    )
     output_fifo_cells: int = cited(
         36,
         "paper 000 §4.1-4.2: the SBA-100's 36-cell output FIFO, which the SBA-200 shares",
         "cells",
     )
-    inline_threshold: int = SINGLE_CELL_MAX
+    inline_threshold: int = cited(
+        SINGLE_CELL_MAX,
+        "paper 000 §4.2.2: single-cell messages go straight into the receive-queue entry "
+        "(48-byte cell payload less the 8-byte AAL5 trailer)",
+        "bytes",
+    )
+    #: The host the paper measured the host-side costs on; other hosts scale them by clock.
+    reference_host: str = "ss20"
     cite: str = "paper 000 §4.2"
 
 
@@ -81,7 +91,9 @@ class ForeFirmwareParams(I960Params):
     rx_msg_us: float = cited(32.0, "calibrated to paper 000 §4.2.1's ~160 us RTT", "us")
     tx_cell_us: float = cited(2.9, "calibrated to paper 000 §4.2.1's 13 MB/s at 4 KB", "us")
     rx_cell_us: float = cited(3.2, "calibrated to paper 000 §4.2.1's 13 MB/s at 4 KB", "us")
-    inline_threshold: int = 0  # no U-Net single-cell receive path
+    inline_threshold: int = cited(
+        0, "paper 000 §4.2.1: Fore's firmware has no U-Net single-cell receive path", "bytes"
+    )
     cite: str = "paper 000 §4.2.1"
 
 
@@ -107,6 +119,7 @@ class Pca200Params(I960Params):
     rx_cell_us: float = cited(2.0, "calibrated: below the 2.83 us OC-3 cell time", "us")
     dma_cell_us: float = cited(1.425, "calibrated to paper 003 §4.4.2's 351 us at 1500 B", "us")
     rx_dma_after_last: bool = True
+    reference_host: str = "p120"
     cite: str = "paper 003 §4.2, §4.4"
 
 
@@ -129,6 +142,7 @@ class I960NI(SimNI):
         fabric: Fabric,
         params: I960Params,
         link: LinkTech | None = None,
+        host_scale: float = 1.0,
     ) -> None:
         super().__init__(
             name,
@@ -142,9 +156,11 @@ class I960NI(SimNI):
             tx_backlog=params.output_fifo_cells * (link or fabric.tech).shape(1).per_unit,
         )
         self.params = params
-        send, recv = params.host_send_us * US, params.host_recv_us * US
+        send = params.host_send_us * US * host_scale
+        recv = params.host_recv_us * US * host_scale
         self.host_send_cost = lambda nbytes: send
         self.host_recv_cost = lambda nbytes: recv
+        self.upcall_cost = params.signal_us * US * host_scale
 
     def channel_tags(self, local: SimAddress, remote: SimAddress) -> tuple[object, object]:
         # A channel is a VCI pair (paper 000 §4.2.2); the receive key is the incoming VCI.
@@ -208,8 +224,12 @@ class Sba100Params:
     recv_cell_us: float = cited(5.5, "calibrated: below the send side's per-cell cost", "us")
     crc_send_share: float = cited(0.33, "paper 000 §4.1: CRC is 33% of the send overhead")
     crc_recv_share: float = cited(0.40, "paper 000 §4.1: CRC is 40% of the receive overhead")
+    signal_us: float = cited(
+        30.0, "paper 000 §4.2.3: a UNIX signal instead of polling adds ~30 us on each end", "us"
+    )
     output_fifo_cells: int = cited(36, "paper 000 §4.1: 36-cell output FIFO", "cells")
     input_fifo_cells: int = cited(292, "paper 000 §4.1: 292-cell input FIFO", "cells")
+    reference_host: str = "ss20"
     cite: str = "paper 000 §4.1, Table 1"
 
 
@@ -230,6 +250,7 @@ class Sba100NI(SimNI):
         fabric: Fabric,
         params: Sba100Params,
         link: LinkTech | None = None,
+        host_scale: float = 1.0,
     ) -> None:
         cell = (link or fabric.tech).shape(1).per_unit
         super().__init__(
@@ -249,12 +270,14 @@ class Sba100NI(SimNI):
         # Per-message and per-cell parts, so that one cell costs exactly Table 1's figures.
         send_single = p.send_overhead_us + self.trap_us
         recv_single = p.recv_overhead_us + self.trap_us
-        self.send_fixed_us = send_single - p.send_cell_us
-        self.recv_fixed_us = recv_single - p.recv_cell_us
+        self.send_fixed_us = (send_single - p.send_cell_us) * host_scale
+        self.recv_fixed_us = (recv_single - p.recv_cell_us) * host_scale
+        self.send_cell_us = p.send_cell_us * host_scale
+        self.recv_cell_us = p.recv_cell_us * host_scale
         tech = self.link
 
         def send_cost(nbytes: int) -> float:
-            return (self.send_fixed_us + tech.shape(nbytes).units * p.send_cell_us) * US
+            return (self.send_fixed_us + tech.shape(nbytes).units * self.send_cell_us) * US
 
         self.host_send_cost = send_cost
         self.host_recv_cost = None
@@ -276,13 +299,12 @@ class Sba100NI(SimNI):
         return now, now, now
 
     def rx_timing(self, packet: Packet, first_in: float, last_in: float) -> float:
-        p = self.params
         cells = packet.shape.units
         return stage(
             self.engine,
             first_in,
             last_in,
             cells,
-            p.recv_cell_us * US,
+            self.recv_cell_us * US,
             head=self.recv_fixed_us * US,
         )[1]

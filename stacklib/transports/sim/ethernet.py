@@ -84,6 +84,7 @@ class Dc21140Params:
     )
     #: Messages below 64 bytes are copied into the receive descriptor (paper 003 §4.3.3).
     inline_threshold: int = cited(63, "paper 003 §4.3.3: under 64 bytes inline", "bytes")
+    reference_host: str = "p120"
     cite: str = "paper 001 §3, paper 003 §4.3-4.4"
 
 
@@ -133,6 +134,7 @@ class Dc21140NI(SimNI):
         fabric: Fabric,
         params: Dc21140Params,
         link: LinkTech | None = None,
+        host_scale: float = 1.0,
     ) -> None:
         super().__init__(
             name,
@@ -145,10 +147,11 @@ class Dc21140NI(SimNI):
             tx_backlog=params.tx_ring_frames * (link or fabric.tech).shape(1497).per_unit,
         )
         self.params = params
+        self.host_scale = host_scale
         self.cpu = host.resource("cpu")
         self.engine = host.resource("ni")  # the chip's DMA and transmit machinery
-        trap = params.send_trap_us * US
-        recv = params.host_recv_us * US
+        trap = params.send_trap_us * US * host_scale
+        recv = params.host_recv_us * US * host_scale
         self.host_send_cost = lambda nbytes: trap
         self.host_recv_cost = lambda nbytes: recv
 
@@ -188,4 +191,4 @@ class Dc21140NI(SimNI):
             copy = nbytes / 100 * p.copy_us_per_100_bytes
             handler += p.rx_buffer_alloc_us + copy - p.small_copy_us
         interrupt = in_memory + p.irq_latency_us * US
-        return stage(self.cpu, interrupt, interrupt, 1, handler * US)[1]
+        return stage(self.cpu, interrupt, interrupt, 1, handler * US * self.host_scale)[1]

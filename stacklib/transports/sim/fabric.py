@@ -276,51 +276,58 @@ class Fabric:
         self.world.call_at(first, self._on_switch, packet, first, last)
 
     def _on_switch(self, packet: Packet, first_in: float, last_in: float) -> None:
-        if not self._faults(packet):
+        copies = self._faults(packet)
+        if not copies:
             return
         if self.store_and_forward:
             first_in = last_in
-        first, last = delay(first_in, last_in, self.latency)
+        first_in, last_in = delay(first_in, last_in, self.latency)
         destination = self.nis[packet.destination]
-        shape = packet.shape
-        if destination.link is not self.tech:
-            shape = destination.link.shape(len(packet.payload))
-        first, last = stage(
-            destination.downlink, first, last, shape.units, shape.per_unit, tail=shape.tail
-        )
-        self._arrive(packet, *delay(first, last, self.propagation))
+        # The switch's output port is the receiver's link, at the receiver's link rate.
+        shape = destination.link.shape(len(packet.payload))
+        for copy in copies:
+            first, last = stage(
+                destination.downlink,
+                first_in,
+                last_in,
+                shape.units,
+                shape.per_unit,
+                tail=shape.tail,
+            )
+            self._arrive(copy, *delay(first, last, self.propagation))
 
     def _on_medium(self, packet: Packet, first_out: float, last_out: float) -> None:
-        if not self._faults(packet):
-            return
         shape = packet.shape
+        # A frame occupies the shared medium whether or not it survives.
         first, last = stage(
             self._medium, first_out, last_out, shape.units, shape.per_unit, tail=shape.tail
         )
-        self._arrive(packet, *delay(first, last, self.latency + self.propagation))
+        copies = self._faults(packet)
+        for index, copy in enumerate(copies):
+            if index:  # a duplicate is sent again on the medium after the original
+                first, last = stage(
+                    self._medium, last, last, shape.units, shape.per_unit, tail=shape.tail
+                )
+            self._arrive(copy, *delay(first, last, self.latency + self.propagation))
 
-    def _faults(self, packet: Packet) -> bool:
-        """Apply injected faults; False if the packet is lost."""
+    def _faults(self, packet: Packet) -> list[Packet]:
+        """Apply injected faults: the copies of ``packet`` that go on (none if it is lost, two
+        if it is duplicated; a duplicate crosses the rest of the network after the original)."""
         faults = self.faults
         if not faults.any:
-            return True
+            return [packet]
         random = self._rng.random
         units = packet.shape.units
         if faults.loss and random() >= (1.0 - faults.loss) ** units:
             self.lost += 1
-            return False
+            return []
         if faults.corrupt and random() >= (1.0 - faults.corrupt) ** units:
             self.corrupted += 1
             packet.corrupted = True
         if faults.duplicate and random() < faults.duplicate:
             self.duplicated += 1
-            twin = attrs.evolve(packet)
-            self.world.call_after(0.0, self._deliver_twin, twin)
-        return True
-
-    def _deliver_twin(self, packet: Packet) -> None:
-        now = self.world.now()
-        self._arrive(packet, now, now + packet.shape.units * packet.shape.per_unit)
+            return [packet, attrs.evolve(packet)]
+        return [packet]
 
     def _arrive(self, packet: Packet, first_in: float, last_in: float) -> None:
         faults = self.faults
