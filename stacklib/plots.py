@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any, Literal
 
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -51,7 +52,8 @@ COLOURS = {
     "fe-fn100": "tab:brown",
     "pca200-oc3": "tab:red",
 }
-LIMIT = {"color": "0.45", "linewidth": 0.9}
+LIMIT: dict[str, Any] = {"color": "0.45", "linewidth": 0.9}
+Location = Literal["upper left", "lower right"]
 
 
 def cell_edges(largest: int) -> list[int]:
@@ -87,14 +89,14 @@ def _new(title: str, panels: int = 1) -> tuple[Figure, list[Axes]]:
     return figure, list(axes)
 
 
-def _curve(axes: Axes, points: Points, label: str, colour: str, **style: object) -> None:
+def _curve(axes: Axes, points: Points, label: str, colour: str, **style: Any) -> None:
     sizes = sorted(points)
-    axes.plot(sizes, [points[s] for s in sizes], label=label, color=colour, **style)  # type: ignore[arg-type]
+    axes.plot(sizes, [points[s] for s in sizes], label=label, color=colour, **style)
 
 
 def _limit(axes: Axes, link: LinkTech, sizes: Iterable[int], label: str, scale: float) -> None:
     xs = [s for s in sizes if s > 0]
-    axes.plot(xs, [link.payload_limit_bps(s) / scale for s in xs], label=label, **LIMIT)  # type: ignore[arg-type]
+    axes.plot(xs, [link.payload_limit_bps(s) / scale for s in xs], label=label, **LIMIT)
 
 
 def _paper(
@@ -130,7 +132,7 @@ def _paper(
     )
 
 
-def _legend(axes: Axes, location: str) -> None:
+def _legend(axes: Axes, location: Location) -> None:
     handles, labels = axes.get_legend_handles_labels()
     star = Line2D(
         [], [], marker="*", markersize=11, color="0.6", markeredgecolor="black", linestyle="none"
@@ -181,10 +183,10 @@ def paper000_fig3(directory: Path, sizes: Sizes = None) -> Path:
     _paper(inset, 48, 120, blue, "120 µs at 48 B", (14, 16))
     _paper(inset, 40, 66, green, "66 µs single cell (SBA-100)", (10, 22))
     _paper(inset, 40, 160, orange, "≈160 µs (Fore firmware)", (12, 14))
-    stated = [s for s in cell_edges(1000) if s >= 41]
+    longer = [s for s in cell_edges(1000) if s >= 41]
     main.plot(
-        stated,
-        [120 + 6 * (cells(s) - 2) for s in stated],
+        longer,
+        [120 + 6 * (cells(s) - 2) for s in longer],
         label="paper: 120 µs at 48 B + 6 µs per extra cell",
         color="black",
         linestyle=(0, (1, 2)),

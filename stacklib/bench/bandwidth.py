@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Literal
 import attrs
 import trio
 
+from stacklib.bench.params import sizes_valid
 from stacklib.bench.result import Cell, Column, Result
 from stacklib.errors import PeerUnreachable
 from stacklib.services import DatagramService
@@ -88,15 +89,6 @@ def _mode_tuple(value: Iterable[Mode]) -> tuple[Mode, ...]:
     return tuple(value)
 
 
-def _sizes_valid(
-    instance: object, attribute: attrs.Attribute[tuple[int, ...]], value: tuple[int, ...]
-) -> None:
-    if not value:
-        raise ValueError(f"{attribute.name} must not be empty")
-    if any(size < 0 for size in value):
-        raise ValueError(f"{attribute.name} must not be negative")
-
-
 def _modes_valid(
     instance: object, attribute: attrs.Attribute[tuple[Mode, ...]], value: tuple[Mode, ...]
 ) -> None:
@@ -120,7 +112,7 @@ class BandwidthParams:
     sizes: tuple[int, ...] = attrs.field(
         default=(4, 16, 64, 256, 1024, 2048, 4096, 8192),
         converter=_int_tuple,
-        validator=_sizes_valid,
+        validator=sizes_valid,
     )
     #: Messages per size and direction (round trips in ping-pong mode).
     messages: int = attrs.field(default=1000, validator=attrs.validators.ge(1))

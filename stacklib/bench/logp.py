@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from stacklib.bench.bandwidth import CONTROL_SIZE, Leader, check_sizes, open_harness
+from stacklib.bench.params import sizes_valid
 from stacklib.bench.result import Cell, Column, Result
 from stacklib.services import DatagramService
 from stacklib.sim import Host, World
@@ -71,15 +72,6 @@ def _float_tuple(value: Iterable[float]) -> tuple[float, ...]:
     return tuple(float(v) for v in value)
 
 
-def _sizes_valid(
-    instance: object, attribute: attrs.Attribute[tuple[int, ...]], value: tuple[int, ...]
-) -> None:
-    if not value:
-        raise ValueError(f"{attribute.name} must not be empty")
-    if any(size < 0 for size in value):
-        raise ValueError(f"{attribute.name} must not be negative")
-
-
 def _factors_valid(
     instance: object, attribute: attrs.Attribute[tuple[float, ...]], value: tuple[float, ...]
 ) -> None:
@@ -100,7 +92,7 @@ class LogPParams:
 
     #: Message sizes in bytes (paper 004 Figs 4-8 span 4 bytes to 4 Kbytes).
     sizes: tuple[int, ...] = attrs.field(
-        default=(4, 16, 64, 256, 1024, 4096), converter=_int_tuple, validator=_sizes_valid
+        default=(4, 16, 64, 256, 1024, 4096), converter=_int_tuple, validator=sizes_valid
     )
     #: Ping-pong round trips for RTT/2.
     iterations: int = attrs.field(default=200, validator=attrs.validators.ge(1))

@@ -13,17 +13,9 @@ import time
 import attrs
 import trio
 
+from stacklib.bench.params import sizes_valid
 from stacklib.bench.result import Column, Result
 from stacklib.services import DatagramService
-
-
-def _sizes_valid(
-    instance: object, attribute: attrs.Attribute[tuple[int, ...]], value: tuple[int, ...]
-) -> None:
-    if not value:
-        raise ValueError("sizes must not be empty")
-    if any(size < 0 for size in value):
-        raise ValueError("sizes must not be negative")
 
 
 @attrs.frozen
@@ -31,7 +23,7 @@ class PingPongParams:
     """Recipe parameters of the ping-pong workload."""
 
     sizes: tuple[int, ...] = attrs.field(
-        default=(0, 16, 40, 100, 500, 1000, 1500), converter=tuple, validator=_sizes_valid
+        default=(0, 16, 40, 100, 500, 1000, 1500), converter=tuple, validator=sizes_valid
     )
     iterations: int = attrs.field(default=1000, validator=attrs.validators.ge(1))
     warmup: int = attrs.field(default=10, validator=attrs.validators.ge(0))

@@ -11,24 +11,36 @@ path serves both worlds (docs: ARCHITECTURE.md "Time and cost"):
   in virtual time about 15 us (``_bench.py``; PERFORMANCE-NOTES.md "Virtual time"), which is
   why modeled costs are heap events and not sleeps.
 
-How a simulation runs inside trio.  One driver task (a trio system task, started on demand)
-loops: wait until every other task is parked (``wait_all_tasks_blocked``), then pop heap events
-in time order, never past trio's next deadline, moving the clock to each event's time; stop
-right after an event that made a task runnable, so that task runs at that very instant before
-any later event; with no event before trio's deadline, move the clock to the deadline so trio
-fires the timer.  With no events at all the driver parks and the clock alone jumps from one trio
-deadline to the next.  Events at equal times run in the order they were scheduled; events due at
-the same instant as a trio deadline run before the timer fires.
+How a simulation runs inside trio.  trio asks its clock how long to sleep
+(``deadline_to_sleep_time``) exactly when its run queue is empty, i.e. when every task is parked;
+the simulation answers from inside that call.  It pops heap events in time order, never past
+trio's next deadline (the argument), moving the clock to each event's time, and stops right after
+an event that made a task runnable: it answers 0, and trio runs the woken task in that same pass,
+at that very instant, before any later event.  With no event before trio's deadline the clock
+moves onto the deadline and answers 0, and trio fires the timer in that same pass; with no
+events and no deadline it answers ``inf`` as trio's own clock would (a real deadlock hangs).
+Events at equal times run in the order they were scheduled; events due at the same instant as a
+trio deadline run before the timer fires.  One trio pass per delivered message, no driver task:
+a pass costs about 15 us (trio's loop, an ``epoll(0)`` call, the instrument), a heap event
+0.2 us.
 
-Whether an event woke a task is known from an instrument counting ``task_scheduled``, so
-callbacks may use any trio primitive (``Event.set``, memory channels, ``CancelScope.cancel``,
-``trio.lowlevel.reschedule``).  Application code should not itself wait in
-``wait_all_tasks_blocked`` inside a simulation: it is woken in the same batch as the driver, so
-events may then run while it is runnable (still deterministic, just not "idle first").
+Whether an event woke a task is known from the clock's instrument counting ``task_scheduled``,
+so callbacks may use any trio primitive that works outside a task (``Event.set``, memory
+channels' ``send_nowait``, ``CancelScope.cancel``, ``trio.lowlevel.reschedule``,
+``spawn_system_task``).  Callbacks run in trio's run loop between passes, not in a task:
+``trio.lowlevel.current_task()`` and checkpoints are unavailable there, and a callback must not
+move a trio deadline earlier than the one being waited for (the clock would already be past it).
 
-A callback that raises ends the run: trio reports a crashed system task as
-:class:`trio.TrioInternalError` (the callback's exception is in its ``__cause__``);
-:meth:`Simulation.run` re-raises the callback's own exception instead.
+``trio.testing.wait_all_tasks_blocked`` in a simulation returns once every task is parked and no
+heap event is due before trio's next deadline, before the clock jumps to that deadline (as under
+trio's ``MockClock``); a waiter that only waits again does not stall time (``clock.py``).
+
+A callback that raises ends the run: the simulation stops running events, stores the exception
+and wakes its watcher, a system task spawned with the first event of a run, which re-raises it.
+trio reports a crashed system task as :class:`trio.TrioInternalError` (the callback's exception
+is in its ``__cause__``); :meth:`Simulation.run` re-raises the callback's own exception instead.
+The watcher also ends event processing when the main task is done: its cancellation marks the
+run as shutting down, and pending events then wait for the next run.
 """
 
 from __future__ import annotations
@@ -44,9 +56,8 @@ from typing import TypeVar, TypeVarTuple, Unpack
 import attrs
 import trio
 import trio.lowlevel
-import trio.testing
 
-from stacklib.sim.clock import VirtualClock, derive_seed
+from stacklib.sim.clock import VirtualClock, _RunGuard, derive_seed
 from stacklib.sim.resources import Resource
 
 __all__ = ["RealWorld", "Simulation", "SimulationStatistics", "World"]
@@ -130,29 +141,9 @@ class SimulationStatistics:
     now: float
     events_processed: int
     events_pending: int
-    task_wakeups: int  # events after which the driver let a woken trio task run
-    deadline_jumps: int  # times the driver moved the clock to a trio deadline
-    driver_rounds: int  # times the driver resumed because every other task was parked
-
-
-class _WakeCounter(trio.abc.Instrument):
-    """Counts tasks made runnable, whatever trio primitive did it (Event, channel, reschedule).
-
-    The driver compares the count before and after each event: a public and cheap way to ask
-    "did this callback wake a task?" (``current_statistics()`` costs about 1.4 us a call).
-    """
-
-    __slots__ = ("scheduled",)
-
-    def __init__(self) -> None:
-        self.scheduled = 0
-
-    def task_scheduled(self, task: trio.lowlevel.Task) -> None:
-        self.scheduled += 1
-
-
-def _abort_park(raise_cancel: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
-    return trio.lowlevel.Abort.SUCCEEDED
+    task_wakeups: int  # events after which a woken trio task was let run
+    deadline_jumps: int  # times the clock moved forward onto a trio deadline
+    driver_rounds: int  # times trio found every task parked with an event due (events ran)
 
 
 class _Waiter:
@@ -190,17 +181,14 @@ class Simulation(World):
         self._heap: list[_Event] = []
         self._sequence = itertools.count()
         self._task_wakeups = 0
-        self._deadline_jumps = 0
         self._driver_rounds = 0
         # Per trio run:
         self._in_run = False
-        self._driver: trio.lowlevel.Task | None = None
-        self._driver_done = False  # the driver exited (run shutting down): do not respawn
-        self._parked = False  # the driver waits for the first event (empty heap)
-        self._wakes = _WakeCounter()
+        self._counter: _RunGuard | None = None  # the clock's instrument for this run
+        self._watcher: trio.lowlevel.Task | None = None  # spawned with the first due event
+        self._watcher_parked = False
+        self._stopped = False  # shutting down, or a callback failed: no more events this run
         self._failure: BaseException | None = None
-        self._seen_deadline = math.inf  # what trio last passed to the clock with events pending
-        self._seen_mark = -1  # ... and the wake count then (see _drive_loop)
 
     def __repr__(self) -> str:
         return (
@@ -220,16 +208,12 @@ class Simulation(World):
                 f"call_at({when!r}): must be a finite time not before now ({self.clock._now!r})"
             )
         heapq.heappush(self._heap, (when, next(self._sequence), fn, args))
-        if self._driver is None or self._parked:
-            self._kick()
 
     def call_after(self, delay: float, fn: Callable[..., object], *args: object) -> None:
         """Schedule ``fn(*args)`` ``delay`` virtual seconds from now."""
         if not 0.0 <= delay < math.inf:
             raise ValueError(f"call_after({delay!r}): delay must be finite and >= 0")
         heapq.heappush(self._heap, (self.clock._now + delay, next(self._sequence), fn, args))
-        if self._driver is None or self._parked:
-            self._kick()
 
     async def _park_until(self, when: float) -> None:
         if not self._in_run:
@@ -266,7 +250,7 @@ class Simulation(World):
             events_processed=self.events_processed,
             events_pending=len(self._heap),
             task_wakeups=self._task_wakeups,
-            deadline_jumps=self._deadline_jumps,
+            deadline_jumps=self.clock._jumps,
             driver_rounds=self._driver_rounds,
         )
 
@@ -274,108 +258,89 @@ class Simulation(World):
 
     def _on_run_start(self) -> None:
         self._in_run = True
-        self._driver = None
-        self._driver_done = False
-        self._parked = False
+        self._counter = self.clock._guard
+        self._watcher = None
+        self._watcher_parked = False
+        self._stopped = False
         self._failure = None
-        self._wakes = _WakeCounter()
-        trio.lowlevel.add_instrument(self._wakes)
 
     def _on_run_end(self) -> None:
         self._in_run = False
-        self._driver = None
-        self._parked = False
+        self._counter = None
+        self._watcher = None
+        self._watcher_parked = False
 
-    def _sleep_time(self, deadline: float) -> float | None:
-        """The clock's answer while events are pending; None lets the clock autojump."""
-        if not self._heap or not self._in_run or self._driver_done:
-            return None
-        if self._driver is None or self._parked:
-            self._kick()  # events from before trio.run, or pushed from outside any task
-            return 0.0
-        # The driver is parked in wait_all_tasks_blocked: a positive time lets trio see the
-        # loop idle and wake it; at or past the deadline trio expires the timer first.
-        self._seen_deadline = deadline
-        self._seen_mark = self._wakes.scheduled
-        return max(0.0, deadline - self.clock._now)
+    def _sleep_time(self, deadline: float) -> float:
+        """trio's run queue is empty: run the events due up to ``deadline``, then answer trio."""
+        heap = self._heap
+        if heap and heap[0][0] <= deadline and not self._stopped:
+            if self._watcher is None:
+                try:
+                    self._watcher = trio.lowlevel.spawn_system_task(
+                        self._watch, name="stacklib.sim watcher"
+                    )
+                except RuntimeError:
+                    # The system nursery is closed: the main task is done before any event was
+                    # due in this run.  The events wait for the next run.
+                    self._stopped = True
+                    return self.clock._idle_or_jump(deadline)
+            return self._run_events(deadline)
+        return self.clock._idle_or_jump(deadline)
 
-    # The driver
-
-    def _kick(self) -> None:
-        """Start the driver for this run, or wake it from its empty-heap park."""
-        if not self._in_run or self._driver_done:
-            return  # not running under our clock: the events wait for sim.run
-        if self._driver is None:
-            self._driver = trio.lowlevel.spawn_system_task(self._drive, name="stacklib.sim driver")
-        elif self._parked:
-            self._parked = False
-            trio.lowlevel.reschedule(self._driver)
-
-    async def _drive(self) -> None:
-        try:
-            await self._drive_loop()
-        finally:
-            self._driver_done = True
-            self._driver = None
-            self._parked = False
-
-    async def _drive_loop(self) -> None:
+    def _run_events(self, deadline: float) -> float:
+        """Pop events in time order up to ``deadline``, until one wakes a task."""
         heap = self._heap
         clock = self.clock
-        wakes = self._wakes
-        statistics = trio.lowlevel.current_statistics
+        counter = self._counter
+        assert counter is not None  # set by the clock's start_clock for every run
         heappop = heapq.heappop
-        while True:
-            if not heap:
-                self._parked = True
-                await trio.lowlevel.wait_task_rescheduled(_abort_park)
-                continue
-            await trio.testing.wait_all_tasks_blocked()
-            self._driver_rounds += 1
-            if wakes.scheduled == self._seen_mark + 1:
-                # Only this task was scheduled since trio last asked the clock, so nothing ran
-                # that could have moved a deadline: the deadline trio passed is exact and fresh.
-                horizon = self._seen_deadline
-                exact = True
-            else:
-                # Another task ran in between (one also waiting for idle): re-read trio's state,
-                # and let whatever it made runnable run first.
-                state = statistics()
-                if state.tasks_runnable:
-                    continue
-                horizon = clock._now + state.seconds_to_next_deadline
-                exact = False
-            processed = 0
-            try:
-                while heap and heap[0][0] <= horizon:
-                    when, _, fn, args = heappop(heap)
-                    if when > clock._now:
-                        clock._now = when
-                    mark = wakes.scheduled
-                    processed += 1
-                    fn(*args)
-                    if wakes.scheduled != mark:
-                        self._task_wakeups += 1
-                        break
-                else:
-                    if horizon != math.inf:
-                        self._jump_to_deadline(horizon, exact)
-            except BaseException as exc:
-                self._failure = exc
-                raise
-            finally:
-                self.events_processed += processed
+        counter.watched = None  # events are progress: idle waiters may be woken again
+        self._driver_rounds += 1
+        mark = counter.scheduled  # after the watcher's spawn, which is not an event's wake-up
+        processed = 0
+        try:
+            while True:
+                when, _, fn, args = heappop(heap)
+                if when > clock._now:
+                    clock._now = when
+                processed += 1
+                fn(*args)
+                if counter.scheduled != mark:
+                    # Let the woken task run now, at this instant, before any later event.
+                    self._task_wakeups += 1
+                    return 0.0
+                if not heap or heap[0][0] > deadline:
+                    break
+        except BaseException as exc:
+            # Raising here would crash trio's run loop (TrioInternalError without the cause
+            # attached the way a crashed task has it): hand the error to the watcher instead.
+            self._fail(exc)
+            return 0.0
+        finally:
+            self.events_processed += processed
+        return clock._idle_or_jump(deadline)
 
-    def _jump_to_deadline(self, target: float, exact: bool) -> None:
-        """Move the clock onto trio's next deadline so trio expires it.
+    def _fail(self, exc: BaseException) -> None:
+        self._failure = exc
+        self._stopped = True
+        if self._watcher_parked:
+            self._watcher_parked = False
+            assert self._watcher is not None
+            trio.lowlevel.reschedule(self._watcher)
+        # else: the watcher was spawned in this very pass and sees the failure when it starts
 
-        An inexact target (``now + seconds_to_next_deadline``) can round one ulp short of the
-        deadline; trio would then find the loop idle again with nothing expired, forever.
-        Step up to it.
-        """
-        clock = self.clock
-        clock._advance(target)
-        if not exact:
-            while trio.lowlevel.current_statistics().seconds_to_next_deadline > 0.0:
-                clock._now = math.nextafter(clock._now, math.inf)
-        self._deadline_jumps += 1
+    async def _watch(self) -> None:
+        """Park for the whole run; raise a failed callback's exception; notice shutdown."""
+        if self._failure is None:
+            self._watcher_parked = True
+            await trio.lowlevel.wait_task_rescheduled(self._watcher_abort)
+        failure = self._failure
+        if failure is not None:
+            raise failure
+
+    def _watcher_abort(self, raise_cancel: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
+        # Only the system nursery's cancellation reaches the watcher: the main task is done and
+        # the run is shutting down, so stop running events (they wait for the next run).
+        self._watcher_parked = False
+        self._stopped = True
+        return trio.lowlevel.Abort.SUCCEEDED

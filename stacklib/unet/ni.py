@@ -93,6 +93,9 @@ class NetworkInterface:
         self.host_recv_cost: Callable[[int], float] | None = None
         #: Host CPU seconds to deliver an upcall (a UNIX signal on SunOS, paper 000 §4.2.3).
         self.upcall_cost = 0.0
+        #: Host CPU seconds per byte of a memory copy on this host (layers that copy data in
+        #: and out of the segment, such as Active Messages, charge it); 0 where not modeled.
+        self.host_copy_per_byte = 0.0
         if profile is not None:
             if SEND_OP in profile.ops:
                 self.host_send_cost = profile.ops[SEND_OP].seconds

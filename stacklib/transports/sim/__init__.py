@@ -29,6 +29,7 @@ from stacklib.transports.sim.fabric import (
     FaultParams,
 )
 from stacklib.transports.sim.hosts import HOSTS
+from stacklib.transports.sim.myrinet import MyrinetParams, build_myrinet
 from stacklib.transports.sim.ni import SimAddress, SimNI
 from stacklib.unet.node import Node
 from stacklib.unet.os_service import OSService
@@ -91,17 +92,38 @@ def build_atm(
         ni: SimNI
         if params.ni == "sba100":
             sba100 = _override(Sba100Params(), params.overrides)
-            scale = host_scale(sba100.reference_host, params.host or sba100.reference_host)
-            ni = Sba100NI(name, host, fabric, sba100, link, host_scale=scale)
+            host_name = params.host or sba100.reference_host
+            ni = Sba100NI(
+                name,
+                host,
+                fabric,
+                sba100,
+                link,
+                host_scale=host_scale(sba100.reference_host, host_name),
+            )
         else:
             model = _override(I960_MODELS[params.ni](), params.overrides)
-            scale = host_scale(model.reference_host, params.host or model.reference_host)
-            ni = I960NI(name, host, fabric, model, link, host_scale=scale)
+            host_name = params.host or model.reference_host
+            ni = I960NI(
+                name,
+                host,
+                fabric,
+                model,
+                link,
+                host_scale=host_scale(model.reference_host, host_name),
+            )
+        ni.host_copy_per_byte = copy_cost(host_name)
         cluster.add(name, host, ni)
     return cluster
 
 
 P = TypeVar("P")
+
+
+def copy_cost(host: str) -> float:
+    """Seconds per byte of a memory copy on ``host`` (0 where no paper gives its speed)."""
+    speed = HOSTS[host].copy_mb_per_s
+    return 1e-6 / speed if speed else 0.0
 
 
 def host_scale(reference: str, host: str) -> float:
@@ -148,10 +170,13 @@ def build_fe(
     )
     cluster = SimCluster(world, fabric)
     model = _override(Dc21140Params(), params.overrides)
-    scale = host_scale(model.reference_host, params.host or model.reference_host)
+    host_name = params.host or model.reference_host
+    scale = host_scale(model.reference_host, host_name)
     for name in names:
         host = Host(name, world, profile)
-        cluster.add(name, host, Dc21140NI(name, host, fabric, model, host_scale=scale))
+        ni = Dc21140NI(name, host, fabric, model, host_scale=scale)
+        ni.host_copy_per_byte = copy_cost(host_name)
+        cluster.add(name, host, ni)
     return cluster
 
 
@@ -162,6 +187,17 @@ register_transport(
         build=build_fe,
         description="DEC 21140 Fast Ethernet with U-Net/FE in the kernel, on a hub or a Bay "
         "28115 / Cabletron FN100 switch, in virtual time",
+        clock="virtual",
+    )
+)
+
+register_transport(
+    TransportKind(
+        name="sim-myrinet",
+        Params=MyrinetParams,
+        build=build_myrinet,
+        description="Myrinet LANai 4.1 (PCI) with a raw U-Net control program: PIO, PIO+WC "
+        "or DMA sends, one cut-through switch, in virtual time",
         clock="virtual",
     )
 )
