@@ -178,11 +178,6 @@ class VirtualClock(trio.abc.Clock):
             raise RuntimeError("this VirtualClock already belongs to another Simulation")
         self._owner = owner
 
-    def _advance(self, when: float) -> None:
-        """Move time forward to ``when`` (never backwards)."""
-        if when > self._now:
-            self._now = when
-
     def _idle_or_jump(self, deadline: float) -> float:
         """The answer to trio when nothing but trio's own ``deadline`` can happen next.
 

@@ -7,9 +7,10 @@ path serves both worlds (docs: ARCHITECTURE.md "Time and cost"):
   at once, because a real system has already spent the modeled time for real.
 * :class:`Simulation`: virtual time.  NI models, links, switches and the sans-IO protocol cores
   below the application run as plain callbacks from a heap of timed events; trio tasks are woken
-  only at the application boundary.  A heap event costs about 0.2 us, a trio wake-up or sleep
-  in virtual time about 15 us (``_bench.py``; PERFORMANCE-NOTES.md "Virtual time"), which is
-  why modeled costs are heap events and not sleeps.
+  only at the application boundary.  A heap event costs about 0.2 us, waking a parked task
+  about 4 us and a ``trio.sleep`` in virtual time about 13 us (``_bench.py``;
+  PERFORMANCE-NOTES.md "Virtual time"), which is why modeled costs are heap events and not
+  sleeps.
 
 How a simulation runs inside trio.  trio asks its clock how long to sleep
 (``deadline_to_sleep_time``) exactly when its run queue is empty, i.e. when every task is parked;
@@ -20,9 +21,9 @@ at that very instant, before any later event.  With no event before trio's deadl
 moves onto the deadline and answers 0, and trio fires the timer in that same pass; with no
 events and no deadline it answers ``inf`` as trio's own clock would (a real deadlock hangs).
 Events at equal times run in the order they were scheduled; events due at the same instant as a
-trio deadline run before the timer fires.  One trio pass per delivered message, no driver task:
-a pass costs about 15 us (trio's loop, an ``epoll(0)`` call, the instrument), a heap event
-0.2 us.
+trio deadline run before the timer fires.  So a wake-up costs one pass of trio's loop (about
+4 us: the loop, an ``epoll(0)`` call, the instrument, the task's step), where a driver task that
+waited in ``wait_all_tasks_blocked`` for the loop to go idle cost three (about 15 us).
 
 Whether an event woke a task is known from the clock's instrument counting ``task_scheduled``,
 so callbacks may use any trio primitive that works outside a task (``Event.set``, memory
@@ -274,18 +275,26 @@ class Simulation(World):
         """trio's run queue is empty: run the events due up to ``deadline``, then answer trio."""
         heap = self._heap
         if heap and heap[0][0] <= deadline and not self._stopped:
-            if self._watcher is None:
-                try:
-                    self._watcher = trio.lowlevel.spawn_system_task(
-                        self._watch, name="stacklib.sim watcher"
-                    )
-                except RuntimeError:
-                    # The system nursery is closed: the main task is done before any event was
-                    # due in this run.  The events wait for the next run.
-                    self._stopped = True
-                    return self.clock._idle_or_jump(deadline)
+            if self._watcher is None and not self._start_watcher():
+                return self.clock._idle_or_jump(deadline)
             return self._run_events(deadline)
         return self.clock._idle_or_jump(deadline)
+
+    def _start_watcher(self) -> bool:
+        """Spawn the watcher with the first due event of a run; False if the run is ending."""
+        try:
+            watcher = trio.lowlevel.spawn_system_task(self._watch, name="stacklib.sim watcher")
+        except RuntimeError:  # the system nursery is closed: every task is done
+            self._stopped = True
+            return False
+        self._watcher = watcher
+        nursery = watcher.parent_nursery
+        if nursery is not None and nursery.cancel_scope.cancel_called:
+            # The main task is done and trio is cancelling the system tasks: the events wait
+            # for the next run (the watcher, cancelled at once, exits quietly).
+            self._stopped = True
+            return False
+        return True
 
     def _run_events(self, deadline: float) -> float:
         """Pop events in time order up to ``deadline``, until one wakes a task."""

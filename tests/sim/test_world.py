@@ -301,9 +301,9 @@ async def test_real_world_calls_right_away() -> None:
     assert world.seed == 9
 
 
-def test_other_tasks_waiting_for_idle_do_not_stall_the_driver() -> None:
-    # A task in wait_all_tasks_blocked() is woken together with the driver; the driver then
-    # cannot trust the deadline it was shown and must re-read it (and land exactly on it).
+def test_other_tasks_waiting_for_idle_do_not_stall_time() -> None:
+    # A task that keeps waiting in wait_all_tasks_blocked() is woken once per idle instant;
+    # then the clock moves on, landing exactly on each deadline (no now + (deadline - now)).
     sim = Simulation()
     log: list[tuple[str, float]] = []
     stop = trio.Event()

@@ -1,0 +1,629 @@
+"""The trio driver of U-Net Active Messages: GAM 1.1 over a U-Net endpoint (paper 000 §5).
+
+The driver makes no protocol decisions; :mod:`stacklib.layers.uam.machine` does.  It keeps one
+:class:`~stacklib.layers.uam.machine.UamMachine` per peer, the handler table and the registered
+memory regions, and runs up to three tasks while the layer is open:
+
+* the *receive task* reads datagrams from the service below and feeds them to the peer's
+  machine (acknowledgments take effect at once; handlers wait for a poll);
+* the *pump*, the only task that writes below: it fires expired timers, transmits what the
+  machines want sent, and sleeps until the earliest deadline or a kick;
+* the *poller* (``background_poll=True``, the default) runs :meth:`UamService.poll` whenever
+  messages are waiting, for trio applications; with ``background_poll=False`` handlers run
+  only when the application polls, as in the paper ("The UAM layer receives messages by
+  explicit polling", §5.1.2).
+
+Costs (only where the NI models the host: ``endpoint.ni.host_copy_per_byte > 0``): every PDU
+sent or received holds the host CPU for ``proto_us`` plus one memory copy of its bytes, "from
+the source data structure into a send buffer and from the receive buffer into the destination
+data structure" (paper 000 §5.2).  On real transports nothing is charged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import TypeAlias
+
+import attrs
+import trio
+import trio.lowlevel
+
+from stacklib.errors import (
+    AssemblyError,
+    LocalProtocolError,
+    PeerUnreachable,
+    RemoteProtocolError,
+)
+from stacklib.layers.uam.machine import (
+    Delivered,
+    Event,
+    GetReceived,
+    GetReplyReceived,
+    PeerFailed,
+    ReplyReceived,
+    RequestReceived,
+    StoreReceived,
+    UamMachine,
+    UamStatistics,
+)
+from stacklib.layers.uam.wire import CHUNK_SIZE, MAX_OVERHEAD, PduType
+from stacklib.services import DatagramService, ReliableService, Service, UNetService
+from stacklib.sim.costs import cited
+from stacklib.stack import Layer, register_layer
+
+__all__ = ["Handler", "RemoteAddress", "UamLayer", "UamParams", "UamService"]
+
+Handler: TypeAlias = Callable[..., object]
+"""A handler: ``fn(peer, *args)`` for requests and replies; ``fn(peer, region, offset, nbytes,
+*args)`` for the completion of a store (at the receiver) or a get (at the requester)."""
+
+RemoteAddress: TypeAlias = tuple[int | str, int]
+"""(region id or name, byte offset): an address in a region registered with
+:meth:`UamService.register_region`.  Names resolve through the local table: like GAM, UAM
+assumes the SPMD model, where every node registers the same regions in the same order."""
+
+_DATA_TYPES = frozenset({int(PduType.STORE), int(PduType.GET_REPLY)})
+MAX_MESSAGE = 1 << 24  # the datagram face accepts any size; this bounds a single message
+
+
+def _positive_number(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{attribute.name} must be a positive number, got {value!r}")
+
+
+def _non_negative(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ValueError(f"{attribute.name} must be a number >= 0, got {value!r}")
+
+
+def _int_in(low: int, high: int) -> Callable[[object, attrs.Attribute[int], int], None]:
+    def check(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(f"{attribute.name} must be an integer in {low}..{high}, got {value!r}")
+
+    return check
+
+
+@attrs.frozen
+class UamParams:
+    """Parameters of the UAM layer (``[[layers]] kind = "uam"`` in a recipe)."""
+
+    #: w, the fixed window of requests per peer (paper 000 §5.1.1 gives no value).
+    window: int = attrs.field(default=8, validator=_int_in(1, 4000))
+    #: Go-back-N retransmission timeout, microseconds (fixed: no backoff).
+    rto_us: float = attrs.field(default=4000.0, validator=_positive_number)
+    #: Timeouts without progress before the peer is reported unreachable, i.e. after
+    #: ``rto_us * (max_retries + 1)``.
+    max_retries: int = attrs.field(default=8, validator=_int_in(0, 1_000_000))
+    #: Longest wait for a PDU to carry an acknowledgment before an explicit ACK goes.
+    ack_delay_us: float = attrs.field(default=500.0, validator=_non_negative)
+    #: Data bytes per bulk buffer (capped by what the service below carries).
+    chunk_size: int = cited(
+        CHUNK_SIZE,
+        "paper 000 §5.2: UAM buffers hold 4160 bytes of data",
+        "bytes",
+        validator=_int_in(1, CHUNK_SIZE),
+    )
+    #: Host CPU per PDU sent or received, on NIs that model the host.
+    proto_us: float = cited(
+        1.0,
+        "calibrated: UAM's single-cell round trip is 71 us on the SBA-200, 6 us over raw "
+        "U-Net's 65 (paper 000 §5.2 item 1); the copies take the rest",
+        "us",
+        validator=_non_negative,
+    )
+    #: Host CPU per data-carrying bulk PDU (STORE, GET_REPLY) sent or received, on top of
+    #: ``proto_us``: buffer management and completion bookkeeping of block transfers.
+    bulk_us: float = cited(
+        3.4,
+        "calibrated: UAM block transfer round trip 135 us + 0.2 us/byte (paper 000 §5.2 item "
+        "2); four bulk PDUs handled per round trip",
+        "us",
+        validator=_non_negative,
+    )
+    #: Run handlers from a background task (False: only when the application polls).
+    background_poll: bool = True
+
+
+class UamService(ReliableService):
+    """Generic Active Messages 1.1 with peers over a datagram service; made by
+    :class:`UamLayer`.  See docs/uam.md.
+
+    As a :class:`ReliableService` it also carries messages: :meth:`send` is a block store into
+    the peer's inbox and :meth:`recv` takes them out, so the generic workloads run over UAM.
+    """
+
+    def __init__(self, below: DatagramService, params: UamParams) -> None:
+        self._below = below
+        self._params = params
+        self._machines: dict[int, UamMachine] = {}
+        self._handlers: list[Handler | None] = [None] * 256
+        self._handler_names: dict[str, int] = {}
+        self._regions: dict[int, memoryview] = {}
+        self._region_names: dict[str, int] = {}
+        self._gets: dict[tuple[int, int], tuple[int, int, int, tuple[int, ...]]] = {}
+        self._inbox: deque[tuple[int, bytes]] = deque()
+        self._current: tuple[UamMachine, int] | None = None
+        self._failures: dict[int, str] = {}
+        self._errors: deque[BaseException] = deque()
+        self._closed = False
+        self._kick_event = trio.Event()
+        self._progress = trio.Event()
+        self._arrival = trio.Event()
+        self.chunk_size = min(params.chunk_size, max(1, below.max_message - MAX_OVERHEAD))
+        self.unknown_handler = 0
+        self.bad_address = 0
+        # Costs: only where the NI models the host's copies (simulated NIs).
+        self._cpu = None
+        self._copy = self._proto = self._bulk = 0.0
+        if isinstance(below, UNetService):
+            ni = below.endpoint.ni
+            if ni.host_copy_per_byte > 0:
+                self._cpu = ni.host.resource("cpu")
+                self._copy = ni.host_copy_per_byte
+                self._proto = params.proto_us * 1e-6
+                self._bulk = params.bulk_us * 1e-6
+
+    def __repr__(self) -> str:
+        return f"<UamService over {self._below!r}, {len(self._machines)} peers>"
+
+    # ------------------------------------------------------------------ tables
+
+    def register_handler(
+        self, handler: Handler, index: int | None = None, name: str | None = None
+    ) -> int:
+        """Enter ``handler`` in the table at ``index`` (default: the first free) and return
+        the index; ``name`` lets callers name it instead (same order on every node)."""
+        if index is None:
+            free = [i for i, h in enumerate(self._handlers) if h is None]
+            if not free:
+                raise LocalProtocolError("UAM: the handler table (256 entries) is full")
+            index = free[0]
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index <= 255:
+            raise LocalProtocolError(f"UAM: handler index {index!r} is not in 0..255")
+        self._handlers[index] = handler
+        if name is not None:
+            self._handler_names[name] = index
+        return index
+
+    def handler_index(self, handler: int | str) -> int:
+        """The table index of a handler given by index or name."""
+        if isinstance(handler, str):
+            try:
+                return self._handler_names[handler]
+            except KeyError:
+                raise LocalProtocolError(f"UAM: no handler named {handler!r}") from None
+        return handler
+
+    def register_region(self, buffer: bytearray | memoryview, name: str | None = None) -> int:
+        """Make ``buffer`` (writable) reachable by stores and gets; returns its region id."""
+        view = memoryview(buffer).cast("B")
+        if view.readonly:
+            raise LocalProtocolError("UAM: a region must be writable (bytearray, memoryview)")
+        region = len(self._regions)
+        self._regions[region] = view
+        if name is not None:
+            self._region_names[name] = region
+        return region
+
+    def region_id(self, region: int | str) -> int:
+        """The id of a region given by id or name."""
+        if isinstance(region, str):
+            try:
+                return self._region_names[region]
+            except KeyError:
+                raise LocalProtocolError(f"UAM: no region named {region!r}") from None
+        return region
+
+    # ------------------------------------------------------------------ GAM operations
+
+    def request_nowait(self, peer: int, handler: int | str, *args: int) -> None:
+        """Send a request now, or raise :class:`trio.WouldBlock` if the window is full."""
+        machine = self._usable(peer)
+        if not machine.request_room:
+            self.poll()  # paper 000 §5.1.2: a sender with a full window polls
+            self._check_usable(peer)
+            if not machine.request_room:
+                raise trio.WouldBlock
+        machine.request(self.handler_index(handler), args, trio.current_time())
+        self._kick()
+
+    async def request(self, peer: int, handler: int | str, *args: int) -> None:
+        """Send a request (0-4 32-bit words) to ``handler`` of ``peer``; while the window is
+        full, poll (run handlers) and wait.  Returns once the request is queued."""
+        await self._wait_room(peer)
+        self._machines[peer].request(self.handler_index(handler), args, trio.current_time())
+        self._kick()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    def reply(self, handler: int | str, *args: int) -> None:
+        """Reply from inside a request handler, once; anywhere else
+        :class:`LocalProtocolError` (a reply handler may not reply, paper 000 §5)."""
+        current = self._current
+        if current is None:
+            raise LocalProtocolError(
+                "UAM: a reply is allowed only from a request handler, once "
+                "(a reply handler may not reply: paper 000 §5)"
+            )
+        machine, token = current
+        machine.reply(token, self.handler_index(handler), args, trio.current_time())
+        self._current = None
+        self._kick()
+
+    async def store(
+        self,
+        peer: int,
+        data: bytes | bytearray | memoryview,
+        remote: RemoteAddress,
+        handler: int | str,
+        *args: int,
+    ) -> None:
+        """Store ``data`` (any size) at ``remote`` of ``peer``; ``handler`` runs there with
+        (peer, region, offset, nbytes, *args) once all of it has arrived.  Waits for window
+        room first and, for back-pressure, until every chunk has been sent once."""
+        await self._wait_room(peer)
+        machine = self._machines[peer]
+        region, offset = remote
+        machine.store(
+            self.region_id(region),
+            offset,
+            data,
+            self.handler_index(handler),
+            args,
+            trio.current_time(),
+        )
+        self._kick()
+        await self._wait_until(lambda: not machine.backlog, peer)
+
+    async def get(
+        self,
+        peer: int,
+        remote: RemoteAddress,
+        nbytes: int,
+        local: RemoteAddress,
+        handler: int | str,
+        *args: int,
+    ) -> None:
+        """Fetch ``nbytes`` at ``remote`` of ``peer`` into ``local``; ``handler`` runs here
+        with (peer, local region, local offset, nbytes, *args) when all of it has arrived.
+        Returns once the requests are sent (await completion with :meth:`wait_until`)."""
+        local_region, local_offset = self.region_id(local[0]), local[1]
+        view = self._regions.get(local_region)
+        if view is None or not 0 <= local_offset <= len(view) - nbytes:
+            raise LocalProtocolError(
+                f"UAM: {nbytes} bytes at {local!r} are outside the local regions"
+            )
+        index = self.handler_index(handler)
+        await self._wait_room(peer)
+        machine = self._machines[peer]
+        region, offset = remote
+        xfer = machine.get(self.region_id(region), offset, nbytes, trio.current_time())
+        self._gets[peer, xfer] = (local_region, local_offset, index, tuple(args))
+        self._kick()
+        await self._wait_until(lambda: not machine.backlog, peer)
+
+    def poll(self) -> int:
+        """Run the handlers of every message that has arrived; returns how many.
+
+        Raises (once) :class:`PeerUnreachable` for a peer that failed,
+        :class:`RemoteProtocolError` for a get the peer refused, and whatever a handler raised.
+        """
+        self._raise_pending()
+        count = 0
+        try:
+            for peer, machine in list(self._machines.items()):
+                while (event := machine.next_event()) is not None:
+                    count += 1
+                    self._dispatch(peer, machine, event)
+        finally:
+            self._current = None
+            if count:
+                self._kick()
+        return count
+
+    async def wait_until(self, predicate: Callable[[], bool]) -> None:
+        """Poll until ``predicate()`` is true (checked after each poll)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        await self._wait_until(predicate, None)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def drain(self, peer: int | None = None) -> None:
+        """Poll until everything sent to ``peer`` (default: every peer) is acknowledged."""
+        peers = [peer] if peer is not None else list(self._machines)
+        for each in peers:
+            machine = self._usable(each)
+            await self._wait_until(lambda m=machine: m.idle, each)  # type: ignore[misc]
+
+    # ------------------------------------------------------------------ datagram face
+
+    @property
+    def peers(self) -> Sequence[int]:
+        return self._below.peers
+
+    @property
+    def max_message(self) -> int:
+        return MAX_MESSAGE
+
+    async def send(self, peer: int, data: bytes | bytearray | memoryview) -> None:
+        """Send one message (any size up to :attr:`max_message`) for the peer's :meth:`recv`."""
+        if len(data) > MAX_MESSAGE:
+            raise LocalProtocolError(f"UAM: message of {len(data)} bytes exceeds {MAX_MESSAGE}")
+        await self._wait_room(peer)
+        machine = self._machines[peer]
+        machine.send_message(data, trio.current_time())
+        self._kick()
+        await self._wait_until(lambda: not machine.backlog, peer)
+
+    async def recv(self) -> tuple[int, bytes]:
+        """The next message sent with :meth:`send`, as (peer, data); polls while waiting."""
+        await self._wait_until(lambda: bool(self._inbox) or self._closed, None)
+        if not self._inbox:
+            raise trio.EndOfChannel
+        return self._inbox.popleft()
+
+    # ------------------------------------------------------------------ statistics
+
+    def peer_statistics(self, peer: int) -> UamStatistics:
+        """The counters of the machine for ``peer`` (all zero if nothing was exchanged yet)."""
+        machine = self._machines.get(peer)
+        return (machine if machine is not None else self._new_machine()).statistics()
+
+    def statistics(self) -> Mapping[str, object]:
+        """Totals over all peers, plus ``"peers"``: a :class:`UamStatistics` per peer."""
+        per_peer = {peer: m.statistics() for peer, m in sorted(self._machines.items())}
+        totals: dict[str, object] = {
+            field.name: sum(getattr(s, field.name) for s in per_peer.values())
+            for field in attrs.fields(UamStatistics)
+        }
+        totals["unknown_handler"] = self.unknown_handler
+        totals["bad_address"] = self.bad_address
+        totals["failed_peers"] = sorted(self._failures)
+        totals["peers"] = per_peer
+        return totals
+
+    # ------------------------------------------------------------------ the tasks
+
+    async def _receive_loop(self) -> None:
+        below = self._below
+        while True:
+            try:
+                peer, datagram = await below.recv()
+            except (trio.EndOfChannel, trio.ClosedResourceError):
+                return
+            if self._cpu is not None:
+                # Pull the message out of the receive buffer (paper 000 §5.1.2).
+                await self._cpu.use(self._cost(datagram))
+            machine = self._machines.get(peer)
+            if machine is None:
+                machine = self._machines[peer] = self._new_machine()
+            machine.receive(datagram, trio.current_time())
+            if machine.pending:
+                self._arrival.set()
+            self._kick()  # window room for the backlog, or an ACK owed for a duplicate
+            self._wake()
+
+    async def _pump(self) -> None:
+        below = self._below
+        cpu = self._cpu
+        while True:
+            # A fresh event before looking at the machines: a kick from now on is not missed.
+            kick = self._kick_event = trio.Event()
+            deadline = math.inf
+            for peer, machine in list(self._machines.items()):
+                now = trio.current_time()
+                timer = machine.get_timer()
+                if timer is not None and timer <= now:
+                    machine.handle_timer(now)
+                    if machine.pending:
+                        self._arrival.set()  # a PeerFailed to report
+                        self._wake()
+                datagrams = machine.datagrams_to_send(now)
+                if datagrams:
+                    self._wake()  # the backlog moved: senders waiting for it may go on
+                for datagram in datagrams:
+                    if cpu is not None:
+                        # Copy into a send buffer of the segment (paper 000 §5.1.2).
+                        await cpu.use(self._cost(datagram))
+                    await below.send(peer, datagram)
+                timer = machine.get_timer()
+                if timer is not None:
+                    deadline = min(deadline, timer)
+            with trio.move_on_at(deadline):
+                await kick.wait()
+
+    async def _poller(self) -> None:
+        while True:
+            arrival = self._arrival = trio.Event()
+            try:
+                self.poll()
+            except Exception as error:  # handed to the application's next call
+                self._errors.append(error)
+                self._wake()
+            await arrival.wait()
+
+    # ------------------------------------------------------------------ helpers
+
+    def _cost(self, datagram: bytes) -> float:
+        """Host CPU seconds to copy ``datagram`` and run the protocol on it."""
+        cost = self._proto + self._copy * len(datagram)
+        if datagram and datagram[0] in _DATA_TYPES:
+            cost += self._bulk
+        return cost
+
+    def _dispatch(self, peer: int, machine: UamMachine, event: Event) -> None:
+        if isinstance(event, RequestReceived):
+            handler = self._handlers[event.handler]
+            if handler is None:
+                self.unknown_handler += 1
+                return
+            self._current = (machine, event.token)
+            try:
+                handler(peer, *event.args)
+            finally:
+                self._current = None
+        elif isinstance(event, ReplyReceived):
+            handler = self._handlers[event.handler]
+            if handler is None:
+                self.unknown_handler += 1
+                return
+            handler(peer, *event.args)
+        elif isinstance(event, StoreReceived):
+            self._stored(peer, event)
+        elif isinstance(event, GetReceived):
+            view = self._regions.get(event.region)
+            if view is None or event.offset + event.total > len(view):
+                self.bad_address += 1
+                machine.reply_get(event.token, None, trio.current_time())
+                return
+            start = event.offset + event.chunk
+            machine.reply_get(
+                event.token, bytes(view[start : start + event.length]), trio.current_time()
+            )
+        elif isinstance(event, GetReplyReceived):
+            self._got(peer, event)
+        elif isinstance(event, Delivered):
+            self._inbox.append((peer, event.data))
+        else:
+            self._failed(peer, event)
+
+    def _stored(self, peer: int, event: StoreReceived) -> None:
+        view = self._regions.get(event.region)
+        if view is None or event.offset + event.total > len(view):
+            self.bad_address += 1  # counted per chunk; the handler does not run
+            return
+        start = event.offset + event.chunk
+        view[start : start + len(event.data)] = event.data
+        if event.last:
+            handler = self._handlers[event.handler]
+            if handler is None:
+                self.unknown_handler += 1
+                return
+            handler(peer, event.region, event.offset, event.total, *event.args)
+
+    def _got(self, peer: int, event: GetReplyReceived) -> None:
+        entry = self._gets.get((peer, event.xfer))
+        if entry is None:
+            return  # a reply for a get we no longer know (cannot happen with one machine)
+        region, offset, index, args = entry
+        if not event.ok:
+            del self._gets[peer, event.xfer]
+            raise RemoteProtocolError(
+                f"UAM: peer {peer} refused get {event.xfer}: address outside its regions"
+            )
+        start = offset + event.chunk
+        self._regions[region][start : start + len(event.data)] = event.data
+        if event.last:
+            del self._gets[peer, event.xfer]
+            handler = self._handlers[index]
+            if handler is None:
+                self.unknown_handler += 1
+                return
+            handler(peer, region, offset, event.total, *args)
+
+    def _failed(self, peer: int, event: PeerFailed) -> None:
+        reason = (
+            f"UAM: peer {peer} acknowledged nothing through {event.retransmissions} "
+            f"retransmission timeouts; {event.undelivered} message(s) may not have arrived"
+        )
+        self._failures[peer] = reason
+        self._wake()
+        raise PeerUnreachable(reason)
+
+    def _new_machine(self) -> UamMachine:
+        p = self._params
+        return UamMachine(
+            window=p.window,
+            rto=p.rto_us * 1e-6,
+            max_retries=p.max_retries,
+            ack_delay=p.ack_delay_us * 1e-6,
+            chunk_size=self.chunk_size,
+        )
+
+    def _usable(self, peer: int) -> UamMachine:
+        self._check_usable(peer)
+        machine = self._machines.get(peer)
+        if machine is None:
+            if peer not in self._below.peers:
+                raise LocalProtocolError(f"UAM: no peer {peer} (peers: {list(self.peers)})")
+            machine = self._machines[peer] = self._new_machine()
+        return machine
+
+    def _check_usable(self, peer: int | None) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError("the UAM layer is closed")
+        if peer is not None:
+            reason = self._failures.get(peer)
+            if reason is not None:
+                raise PeerUnreachable(reason)
+
+    def _raise_pending(self) -> None:
+        if self._errors:
+            raise self._errors.popleft()
+
+    async def _wait_room(self, peer: int) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        machine = self._usable(peer)
+        await self._wait_until(lambda: machine.request_room > 0, peer)
+
+    async def _wait_until(self, predicate: Callable[[], bool], peer: int | None) -> None:
+        while True:
+            self._check_usable(peer)
+            self.poll()
+            self._check_usable(peer)
+            if predicate():
+                return
+            progress = self._progress
+            await progress.wait()
+
+    def _kick(self) -> None:
+        self._kick_event.set()
+
+    def _wake(self) -> None:
+        self._progress.set()
+        self._progress = trio.Event()
+
+    def _close(self) -> None:
+        self._closed = True
+        self._wake()
+
+
+@register_layer
+class UamLayer(Layer):
+    """U-Net Active Messages: GAM 1.1, go-back-N, block stores and gets (docs/uam.md)."""
+
+    name = "uam"
+    requires = DatagramService
+    provides = ReliableService
+    Params = UamParams
+
+    params: UamParams
+
+    @asynccontextmanager
+    async def open(self, below: Service) -> AsyncIterator[UamService]:
+        """Run the layer over ``below`` and yield its :class:`UamService`."""
+        if not isinstance(below, DatagramService):
+            raise AssemblyError(
+                f"layer 'uam' requires a 'datagram' service (DatagramService), got "
+                f"{type(below).__name__}"
+            )
+        service = UamService(below, self.params)
+        body_error: BaseException | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(service._receive_loop, name="uam receive")
+            nursery.start_soon(service._pump, name="uam pump")
+            if self.params.background_poll:
+                nursery.start_soon(service._poller, name="uam poller")
+            try:
+                yield service
+            except BaseException as error:
+                # Re-raised below, outside the nursery, so the caller gets its own exception.
+                body_error = error
+            finally:
+                nursery.cancel_scope.cancel()
+                service._close()
+        if body_error is not None:
+            raise body_error
+

@@ -1,0 +1,702 @@
+"""The U-Net Active Messages machine for one peer: sans-IO, no trio, no clock.
+
+UAM (paper 000 §5.1) makes Active Messages reliable over U-Net with "a window-based flow
+control protocol with a fixed window size (w)" and "a standard 'go back N' retransmission
+mechanism".  One :class:`UamMachine` holds both halves of the conversation with one peer:
+
+* **one reliable stream per direction.**  Every PDU but ACK gets the next ``seq`` (modulo
+  65536) when it is first transmitted; the peer accepts only the next ``seq`` it expects, so
+  delivery is exactly once and in order.  Requests, store chunks and gets consume the window:
+  at most ``window`` of them are unacknowledged; replies do not (a request handler cannot wait),
+  so at most ``window`` requests and about ``window`` replies are kept for retransmission and at
+  most ``2 * window`` arrivals wait for their handlers: the 4w buffers of paper 000 §5.1.1.
+  Arrivals beyond 2w are dropped (counted ``no_buffer``) and come again by retransmission.
+* **acknowledgment after the handler.**  A message is acknowledged once the driver has taken
+  its event (its handler ran, paper 000 §5.1.2).  Every PDU carries the cumulative ``ack``, so a
+  reply acknowledges its request; an explicit ACK goes out only when nothing else is about to:
+  when ``window // 2`` handled messages are unacknowledged, ``ack_delay`` after the first, or at
+  once when a duplicate shows the peer missed an acknowledgment.
+* **go-back-N.**  One timer covers the oldest unacknowledged PDU; it restarts whenever the
+  acknowledgment advances.  On expiry every unacknowledged PDU is sent again, in order.  After
+  ``max_retries`` expiries without progress the peer is declared failed (:class:`PeerFailed`),
+  i.e. ``rto * (max_retries + 1)`` after the oldest unacknowledged PDU was last acknowledged or
+  first sent.
+* **bulk transfers** in chunks of ``chunk_size`` data bytes (4160, paper 000 §5.2): a store
+  is a run of STORE PDUs, the last carrying the completion handler; a get is a run of GETs,
+  each answered by one GET_REPLY, so requests and replies stay one to one.
+
+Inputs take ``now``: :meth:`~UamMachine.request`, :meth:`~UamMachine.reply`,
+:meth:`~UamMachine.store`, :meth:`~UamMachine.get`, :meth:`~UamMachine.reply_get`,
+:meth:`~UamMachine.send_message`, :meth:`~UamMachine.receive`,
+:meth:`~UamMachine.handle_timer`.  Outputs are pulled: :meth:`~UamMachine.datagrams_to_send`,
+:meth:`~UamMachine.next_event`, :meth:`~UamMachine.get_timer`.  Taking an event *is* handling
+it: a :class:`RequestReceived` (or :class:`GetReceived`) may be answered with one
+:meth:`~UamMachine.reply` (:meth:`~UamMachine.reply_get`) until the next event is taken; any
+other reply raises :class:`~stacklib.errors.LocalProtocolError` (a reply handler may not reply,
+paper 000 §5: it would allow live-lock).
+
+States: OPEN --max_retries expiries without progress--> FAILED (final: sends raise, input is
+counted as ``ignored``).  Bad input never raises: it is dropped and counted.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Sequence
+from typing import TypeAlias
+
+import attrs
+
+from stacklib.errors import LocalProtocolError
+from stacklib.layers.uam.wire import (
+    CHUNK_SIZE,
+    MAX_ARGS,
+    SEQ_MODULUS,
+    STATUS_BAD_ADDRESS,
+    STATUS_OK,
+    WORD_MAX,
+    Bulk,
+    Pdu,
+    PduType,
+    UamFormatError,
+    build,
+    parse,
+)
+
+__all__ = [
+    "INBOX_REGION",
+    "Delivered",
+    "Event",
+    "GetReceived",
+    "GetReplyReceived",
+    "PeerFailed",
+    "ReplyReceived",
+    "RequestReceived",
+    "StoreReceived",
+    "UamMachine",
+    "UamState",
+    "UamStatistics",
+]
+
+#: Region id reserved for the datagram face: a store into it is a message for ``recv()``.
+INBOX_REGION = 0xFFFF
+_HALF = SEQ_MODULUS // 2
+_MASK = SEQ_MODULUS - 1
+
+
+class UamState(enum.Enum):
+    """The machine's state."""
+
+    OPEN = "open"
+    FAILED = "failed"  #: gave up after max_retries timeouts without progress; final
+
+
+@attrs.frozen(kw_only=True)
+class RequestReceived:
+    """A request: run handler ``handler`` with ``args``; it may reply once, with ``token``."""
+
+    handler: int
+    args: tuple[int, ...]
+    token: int
+
+
+@attrs.frozen(kw_only=True)
+class ReplyReceived:
+    """A reply: run handler ``handler`` with ``args`` (it may not reply)."""
+
+    handler: int
+    args: tuple[int, ...]
+
+
+@attrs.frozen(kw_only=True)
+class StoreReceived:
+    """One chunk of a block store: write ``data`` at ``offset + chunk`` of ``region``; after the
+    last chunk (:attr:`last`) run ``handler`` with ``args``."""
+
+    region: int
+    offset: int
+    total: int
+    chunk: int
+    data: bytes
+    handler: int
+    args: tuple[int, ...]
+
+    @property
+    def last(self) -> bool:
+        return self.chunk + len(self.data) == self.total
+
+
+@attrs.frozen(kw_only=True)
+class GetReceived:
+    """The peer asks for ``length`` bytes at ``offset + chunk`` of ``region``: answer with
+    :meth:`UamMachine.reply_get` and ``token``."""
+
+    region: int
+    offset: int
+    total: int
+    chunk: int
+    length: int
+    xfer: int
+    token: int
+
+
+@attrs.frozen(kw_only=True)
+class GetReplyReceived:
+    """A chunk of the get numbered ``xfer`` (``ok`` False: the peer refused the address)."""
+
+    xfer: int
+    total: int
+    chunk: int
+    data: bytes
+    ok: bool
+
+    @property
+    def last(self) -> bool:
+        return not self.ok or self.chunk + len(self.data) == self.total
+
+
+@attrs.frozen(kw_only=True)
+class Delivered:
+    """A message sent with :meth:`UamMachine.send_message` (the datagram face)."""
+
+    data: bytes
+
+
+@attrs.frozen(kw_only=True)
+class PeerFailed:
+    """The peer acknowledged nothing through ``retransmissions`` go-back-N timeouts;
+    ``undelivered`` messages (sent or queued) may not have reached it."""
+
+    retransmissions: int
+    undelivered: int
+
+
+Event: TypeAlias = (
+    RequestReceived
+    | ReplyReceived
+    | StoreReceived
+    | GetReceived
+    | GetReplyReceived
+    | Delivered
+    | PeerFailed
+)
+
+
+@attrs.frozen(kw_only=True)
+class UamStatistics:
+    """A snapshot of one machine's counters (and, in the last three, its current state)."""
+
+    sent: int  #: PDUs (not ACKs) sent for the first time
+    retransmitted: int  #: PDUs sent again by go-back-N
+    timeouts: int  #: retransmission timer expiries
+    acks_sent: int  #: explicit ACK PDUs sent
+    acks_received: int  #: explicit ACK PDUs received
+    received: int  #: PDUs accepted in order
+    handled: int  #: accepted PDUs whose events were taken (and so acknowledged)
+    duplicates: int  #: PDUs received again (suppressed, re-acknowledged)
+    out_of_order: int  #: PDUs ahead of the expected seq (dropped: go-back-N resends them)
+    no_buffer: int  #: in-order PDUs dropped because 2w arrivals were waiting for handlers
+    malformed: int  #: datagrams that did not parse
+    stale_acks: int  #: ack fields outside the unacknowledged range
+    ignored: int  #: datagrams dropped because the machine had failed
+    unacked: int  #: PDUs sent and not yet acknowledged
+    backlog: int  #: requests and chunks accepted and waiting for window space
+    window_used: int  #: requests, chunks and gets unacknowledged (at most ``window``)
+
+
+@attrs.define(slots=True)
+class _Out:
+    """A PDU kept until acknowledged; its header is built at each transmission, so a
+    retransmission carries the current ack."""
+
+    type: PduType
+    handler: int = 0
+    args: tuple[int, ...] = ()
+    bulk: Bulk | None = None
+    data: bytes = b""
+    credit: bool = False  # consumes window space (requests, store chunks, gets)
+    seq: int = -1
+    transmissions: int = 0
+    acked: bool = False
+
+
+def _check_args(args: Sequence[int]) -> tuple[int, ...]:
+    if len(args) > MAX_ARGS:
+        raise LocalProtocolError(f"UAM: at most {MAX_ARGS} argument words, got {len(args)}")
+    for arg in args:
+        if isinstance(arg, bool) or not isinstance(arg, int) or not 0 <= arg <= WORD_MAX:
+            raise LocalProtocolError(f"UAM: argument {arg!r} is not a 32-bit unsigned word")
+    return tuple(args)
+
+
+def _check_handler(handler: int) -> int:
+    if isinstance(handler, bool) or not isinstance(handler, int) or not 0 <= handler <= 255:
+        raise LocalProtocolError(f"UAM: handler index {handler!r} is not in 0..255")
+    return handler
+
+
+class UamMachine:
+    """Reliable Active Messages with one peer (see the module docstring).
+
+    ``window`` is w; ``rto`` the go-back-N timeout (seconds); ``max_retries`` the expiries
+    without progress before the peer is declared failed; ``ack_delay`` how long a handled
+    message may wait for a PDU to carry its acknowledgment; ``chunk_size`` the data bytes per
+    bulk PDU.  Both ends must use the same ``initial_seq``.
+    """
+
+    def __init__(
+        self,
+        *,
+        window: int = 8,
+        rto: float = 4e-3,
+        max_retries: int = 8,
+        ack_delay: float = 0.5e-3,
+        chunk_size: int = CHUNK_SIZE,
+        initial_seq: int = 0,
+    ) -> None:
+        if not 1 <= window < _HALF // 4:
+            raise ValueError(f"window must be in 1..{_HALF // 4 - 1}, got {window}")
+        if not rto > 0:  # also rejects NaN
+            raise ValueError(f"rto must be positive, got {rto}")
+        if not ack_delay >= 0:
+            raise ValueError(f"ack_delay must not be negative, got {ack_delay}")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must not be negative, got {max_retries}")
+        if not 1 <= chunk_size <= CHUNK_SIZE:
+            raise ValueError(f"chunk_size must be in 1..{CHUNK_SIZE}, got {chunk_size}")
+        if not 0 <= initial_seq < SEQ_MODULUS:
+            raise ValueError(f"initial_seq must be in 0..{SEQ_MODULUS - 1}, got {initial_seq}")
+        self.window = window
+        self.rto = rto
+        self.max_retries = max_retries
+        self.ack_delay = ack_delay
+        self.chunk_size = chunk_size
+        self._ack_threshold = max(1, window // 2)
+        self._state = UamState.OPEN
+        # Sender half.
+        self._next_seq = initial_seq
+        self._unacked: deque[_Out] = deque()
+        self._backlog: deque[_Out] = deque()  # credit PDUs waiting for window space
+        self._to_send: list[_Out] = []
+        self._credits_used = 0
+        self._deadline: float | None = None
+        self._retries = 0
+        self._next_xfer = 0
+        # Receiver half.
+        self._expected = initial_seq
+        self._handled_through = initial_seq  # the ack we advertise
+        self._ready: deque[Pdu] = deque()
+        self._owed = 0  # handled, not yet advertised
+        self._ack_deadline: float | None = None
+        self._ack_now = False
+        self._open_token: int | None = None
+        self._open_type: PduType | None = None
+        self._open_pdu: Pdu | None = None
+        self._inbox_parts: list[bytes] = []
+        self._events: deque[Event] = deque()
+        # Counters.
+        self._sent = self._retransmitted = self._timeouts = 0
+        self._acks_sent = self._acks_received = self._received = self._handled = 0
+        self._duplicates = self._out_of_order = self._no_buffer = 0
+        self._malformed = self._stale_acks = self._ignored = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"<UamMachine {self._state.value} unacked={len(self._unacked)} "
+            f"backlog={len(self._backlog)} expected={self._expected}>"
+        )
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def state(self) -> UamState:
+        return self._state
+
+    @property
+    def request_room(self) -> int:
+        """How many more requests (or bulk operations) are accepted now (0 once failed)."""
+        if self._state is UamState.FAILED:
+            return 0
+        return max(0, self.window - self._credits_used - len(self._backlog))
+
+    @property
+    def idle(self) -> bool:
+        """Nothing sent is unacknowledged and nothing waits to be sent."""
+        return not (self._unacked or self._backlog)
+
+    @property
+    def backlog(self) -> int:
+        """Requests and chunks accepted and waiting for window space."""
+        return len(self._backlog)
+
+    @property
+    def pending(self) -> bool:
+        """Events are waiting to be taken (handlers to run)."""
+        return bool(self._events or self._ready)
+
+    # ------------------------------------------------------------------ application inputs
+
+    def request(self, handler: int, args: Sequence[int], now: float) -> None:
+        """Queue a request for handler ``handler`` of the peer with 0-4 word ``args``.
+
+        Raises :class:`LocalProtocolError` when the window is full (``request_room == 0``:
+        the driver polls and waits first), after failure, or for a bad handler or argument.
+        """
+        out = _Out(PduType.REQUEST, _check_handler(handler), _check_args(args), credit=True)
+        self._check_room()
+        self._backlog.append(out)
+
+    def store(
+        self,
+        region: int,
+        offset: int,
+        data: bytes | bytearray | memoryview,
+        handler: int,
+        args: Sequence[int],
+        now: float,
+    ) -> int:
+        """Queue a block store of ``data`` (any size) into ``region`` at ``offset`` of the
+        peer, whose handler ``handler`` runs with ``args`` after the last chunk.
+
+        Needs ``request_room > 0``; the chunks then wait in the backlog for window space.
+        Returns the transfer number.
+        """
+        _check_handler(handler)
+        words = _check_args(args)
+        payload = bytes(data)  # a snapshot: the caller may reuse its buffer at once
+        bulk = self._check_bulk(region, offset, len(payload))
+        self._check_room()
+        xfer = self._new_xfer()
+        chunks = range(0, len(payload), self.chunk_size) if payload else range(1)
+        last = chunks[-1]
+        for chunk in chunks:
+            final = chunk == last
+            self._backlog.append(
+                _Out(
+                    PduType.STORE,
+                    handler if final else 0,
+                    words if final else (),
+                    attrs.evolve(bulk, xfer=xfer, chunk=chunk),
+                    payload[chunk : chunk + self.chunk_size],
+                    credit=True,
+                )
+            )
+        return xfer
+
+    def get(self, region: int, offset: int, nbytes: int, now: float) -> int:
+        """Queue a block get of ``nbytes`` from ``region`` at ``offset`` of the peer, one GET
+        per chunk; the replies come back as :class:`GetReplyReceived` with the returned
+        transfer number."""
+        bulk = self._check_bulk(region, offset, nbytes)
+        self._check_room()
+        xfer = self._new_xfer()
+        chunks = range(0, nbytes, self.chunk_size) if nbytes else range(1)
+        for chunk in chunks:
+            length = min(self.chunk_size, nbytes - chunk)
+            self._backlog.append(
+                _Out(
+                    PduType.GET,
+                    0,
+                    (length,),
+                    attrs.evolve(bulk, xfer=xfer, chunk=chunk),
+                    credit=True,
+                )
+            )
+        return xfer
+
+    def send_message(self, data: bytes | bytearray | memoryview, now: float) -> None:
+        """Queue ``data`` as one message for the peer's :class:`Delivered` (datagram face)."""
+        self.store(INBOX_REGION, 0, data, 0, (), now)
+
+    def reply(self, token: int, handler: int, args: Sequence[int], now: float) -> None:
+        """Reply to the request whose event carried ``token``: only while it is the event
+        being handled, and once.  Replies do not wait for window space."""
+        out = _Out(PduType.REPLY, _check_handler(handler), _check_args(args))
+        self._take_token(token, PduType.REQUEST)
+        self._assign(out, now)
+
+    def reply_get(self, token: int, data: bytes | None, now: float) -> None:
+        """Answer the :class:`GetReceived` that carried ``token`` with ``data``, or with a
+        refusal (``None``: the address was outside the region or the region unknown)."""
+        get = self._take_token(token, PduType.GET)
+        bulk = get.bulk
+        if bulk is None:  # pragma: no cover - parse guarantees a GET has a bulk header
+            raise LocalProtocolError("UAM: the GET being answered has no bulk header")
+        length = get.args[0]
+        if data is not None and len(data) != length:
+            raise LocalProtocolError(f"UAM: a GET of {length} bytes answered with {len(data)}")
+        status = STATUS_OK if data is not None else STATUS_BAD_ADDRESS
+        self._assign(_Out(PduType.GET_REPLY, status, (), bulk, bytes(data or b"")), now)
+
+    # ------------------------------------------------------------------ network inputs
+
+    def receive(self, datagram: bytes | bytearray | memoryview, now: float) -> None:
+        """Feed one datagram from the peer.  Never raises on bad input: drops and counts it."""
+        if self._state is UamState.FAILED:
+            self._ignored += 1
+            return
+        try:
+            pdu = parse(datagram)
+        except UamFormatError:
+            self._malformed += 1
+            return
+        self._on_ack(pdu.ack, now)
+        if pdu.type is PduType.ACK:
+            self._acks_received += 1
+            return
+        distance = (pdu.seq - self._expected) & _MASK
+        if distance == 0:
+            if len(self._ready) >= 2 * self.window:
+                self._no_buffer += 1  # no arrival buffer: the sender will resend it
+                return
+            self._expected = (pdu.seq + 1) & _MASK
+            self._received += 1
+            self._ready.append(pdu)
+        elif distance >= _HALF:
+            # Already accepted: our acknowledgment was lost or is late.  Confirm again.
+            self._duplicates += 1
+            self._ack_now = True
+        else:
+            self._out_of_order += 1
+
+    def handle_timer(self, now: float) -> None:
+        """Act on whichever timers have expired at ``now`` (else do nothing)."""
+        if self._ack_deadline is not None and now >= self._ack_deadline:
+            self._ack_now = self._ack_now or self._owed > 0
+            self._ack_deadline = None
+        deadline = self._deadline
+        if deadline is None or now < deadline or not self._unacked:
+            return
+        if self._retries >= self.max_retries:
+            self._fail()
+            return
+        self._retries += 1
+        self._timeouts += 1
+        # Go back N: everything unacknowledged goes again, oldest first.
+        self._to_send = list(self._unacked)
+        self._deadline = now + self.rto
+
+    # ------------------------------------------------------------------ outputs
+
+    def datagrams_to_send(self, now: float) -> list[bytes]:
+        """The datagrams to transmit to the peer now, in order; each is returned once."""
+        if self._state is UamState.FAILED:
+            return []
+        while self._backlog and self._credits_used < self.window:
+            self._assign(self._backlog.popleft(), now)
+        ack = self._handled_through
+        out = []
+        for item in self._to_send:
+            if item.acked:
+                continue
+            if item.transmissions:
+                self._retransmitted += 1
+            else:
+                self._sent += 1
+            item.transmissions += 1
+            out.append(
+                build(Pdu(item.type, item.seq, ack, item.handler, item.args, item.bulk, item.data))
+            )
+        self._to_send = []
+        if out:
+            self._advertised()
+            return out
+        owed = self._owed
+        if owed and self._ack_deadline is None:
+            self._ack_deadline = now + self.ack_delay
+        if self._ack_now or (
+            owed
+            and (
+                owed >= self._ack_threshold
+                or (self._ack_deadline is not None and now >= self._ack_deadline)
+            )
+        ):
+            self._acks_sent += 1
+            self._advertised()
+            return [build(Pdu(PduType.ACK, ack=ack))]
+        return out
+
+    def next_event(self) -> Event | None:
+        """Take the next event, or None.  Taking it means its handler runs now: the message
+        counts as handled (and will be acknowledged), and the previous request can no longer
+        be replied to."""
+        self._open_token = None
+        if self._events:
+            return self._events.popleft()
+        ready = self._ready
+        while ready:
+            pdu = ready.popleft()
+            self._handled_through = (pdu.seq + 1) & _MASK
+            self._owed += 1
+            self._handled += 1
+            event = self._event(pdu)
+            if event is not None:
+                return event
+        return None
+
+    def get_timer(self) -> float | None:
+        """When to call :meth:`handle_timer` next, or None if no timer is running."""
+        deadline, ack = self._deadline, self._ack_deadline
+        if ack is None:
+            return deadline
+        return ack if deadline is None or ack < deadline else deadline
+
+    def statistics(self) -> UamStatistics:
+        """A frozen snapshot of the counters."""
+        return UamStatistics(
+            sent=self._sent,
+            retransmitted=self._retransmitted,
+            timeouts=self._timeouts,
+            acks_sent=self._acks_sent,
+            acks_received=self._acks_received,
+            received=self._received,
+            handled=self._handled,
+            duplicates=self._duplicates,
+            out_of_order=self._out_of_order,
+            no_buffer=self._no_buffer,
+            malformed=self._malformed,
+            stale_acks=self._stale_acks,
+            ignored=self._ignored,
+            unacked=len(self._unacked),
+            backlog=len(self._backlog),
+            window_used=self._credits_used,
+        )
+
+    # ------------------------------------------------------------------ internals
+
+    def _check_room(self) -> None:
+        if self._state is UamState.FAILED:
+            raise LocalProtocolError("UAM: the peer failed; nothing more can be sent to it")
+        if self.request_room <= 0:
+            raise LocalProtocolError(
+                f"UAM: the window of {self.window} is full; poll and wait for request_room"
+            )
+
+    def _check_bulk(self, region: int, offset: int, nbytes: int) -> Bulk:
+        if isinstance(region, bool) or not isinstance(region, int) or not 0 <= region <= _MASK:
+            raise LocalProtocolError(f"UAM: region {region!r} is not in 0..{_MASK}")
+        if not 0 <= offset <= WORD_MAX or not 0 <= nbytes <= WORD_MAX - offset:
+            raise LocalProtocolError(f"UAM: {nbytes} bytes at offset {offset} exceed 32 bits")
+        return Bulk(region, 0, offset, nbytes, 0)
+
+    def _new_xfer(self) -> int:
+        xfer = self._next_xfer
+        self._next_xfer = (xfer + 1) & _MASK
+        return xfer
+
+    def _take_token(self, token: int, kind: PduType) -> Pdu:
+        if self._state is UamState.FAILED:
+            raise LocalProtocolError("UAM: the peer failed; nothing more can be sent to it")
+        pdu = self._open_pdu
+        if token != self._open_token or self._open_type is not kind or pdu is None:
+            raise LocalProtocolError(
+                "UAM: a reply is allowed only from a request handler, once "
+                "(a reply handler may not reply: paper 000 §5)"
+            )
+        self._open_token = None
+        return pdu
+
+    def _assign(self, out: _Out, now: float) -> None:
+        """Give ``out`` the next seq and put it in the retransmission buffer."""
+        out.seq = self._next_seq
+        self._next_seq = (self._next_seq + 1) & _MASK
+        self._unacked.append(out)
+        if out.credit:
+            self._credits_used += 1
+        self._to_send.append(out)
+        if self._deadline is None:
+            self._deadline = now + self.rto
+
+    def _on_ack(self, ack: int, now: float) -> None:
+        unacked = self._unacked
+        if not unacked:
+            if ack != self._next_seq:
+                self._stale_acks += 1
+            return
+        count = (ack - unacked[0].seq) & _MASK
+        if count == 0:
+            return
+        if count > len(unacked):
+            self._stale_acks += 1  # behind the window (late) or beyond it (garbage)
+            return
+        for _ in range(count):
+            out = unacked.popleft()
+            out.acked = True
+            if out.credit:
+                self._credits_used -= 1
+        self._retries = 0
+        self._deadline = now + self.rto if unacked else None
+
+    def _advertised(self) -> None:
+        self._owed = 0
+        self._ack_now = False
+        self._ack_deadline = None
+
+    def _event(self, pdu: Pdu) -> Event | None:
+        kind = pdu.type
+        if kind is PduType.REQUEST:
+            self._open(pdu)
+            return RequestReceived(handler=pdu.handler, args=pdu.args, token=pdu.seq)
+        if kind is PduType.REPLY:
+            return ReplyReceived(handler=pdu.handler, args=pdu.args)
+        bulk = pdu.bulk
+        if bulk is None:  # pragma: no cover - parse guarantees bulk types have one
+            return None
+        if kind is PduType.STORE:
+            if bulk.region == INBOX_REGION:
+                return self._inbox(pdu.data, bulk)
+            return StoreReceived(
+                region=bulk.region,
+                offset=bulk.offset,
+                total=bulk.total,
+                chunk=bulk.chunk,
+                data=pdu.data,
+                handler=pdu.handler,
+                args=pdu.args,
+            )
+        if kind is PduType.GET:
+            self._open(pdu)
+            return GetReceived(
+                region=bulk.region,
+                offset=bulk.offset,
+                total=bulk.total,
+                chunk=bulk.chunk,
+                length=pdu.args[0],
+                xfer=bulk.xfer,
+                token=pdu.seq,
+            )
+        return GetReplyReceived(
+            xfer=bulk.xfer,
+            total=bulk.total,
+            chunk=bulk.chunk,
+            data=pdu.data,
+            ok=pdu.handler == STATUS_OK,
+        )
+
+    def _open(self, pdu: Pdu) -> None:
+        self._open_token = pdu.seq
+        self._open_type = pdu.type
+        self._open_pdu = pdu
+
+    def _inbox(self, data: bytes, bulk: Bulk) -> Delivered | None:
+        parts = self._inbox_parts
+        if bulk.chunk == 0:
+            parts.clear()  # a new message (in-order delivery: the previous one completed)
+        parts.append(data)
+        if bulk.chunk + len(data) < bulk.total:
+            return None
+        self._inbox_parts = []
+        return Delivered(data=b"".join(parts))
+
+    def _fail(self) -> None:
+        undelivered = len(self._unacked) + len(self._backlog)
+        self._events.append(PeerFailed(retransmissions=self._retries, undelivered=undelivered))
+        self._state = UamState.FAILED
+        self._unacked.clear()
+        self._backlog.clear()
+        self._to_send = []
+        self._credits_used = 0
+        self._deadline = None
+        self._ack_deadline = None
+        self._ack_now = False

@@ -1,0 +1,424 @@
+"""The UAM machine at explicit times: go-back-N under scripted loss, duplication, reordering and
+corruption; acknowledgments; the window; bulk chunks; sequence wrap; peer failure."""
+
+from __future__ import annotations
+
+import heapq
+
+import attrs
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stacklib.errors import LocalProtocolError
+from stacklib.layers.uam.machine import (
+    INBOX_REGION,
+    Delivered,
+    Event,
+    GetReceived,
+    GetReplyReceived,
+    PeerFailed,
+    ReplyReceived,
+    RequestReceived,
+    StoreReceived,
+    UamMachine,
+    UamState,
+)
+from stacklib.layers.uam.wire import CHUNK_SIZE, Pdu, PduType, build, parse
+
+RTO = 1.0  # seconds: round numbers make deadlines easy to check
+ACK_DELAY = 0.1
+DELAY = 0.01  # one-way delay of the scripted link
+ECHO = 1  # request handler that replies with REPLY_TO and the same args
+REPLY_TO = 2
+SINK = 3  # request handler that records and does not reply
+
+
+def machine(**kwargs: object) -> UamMachine:
+    options: dict[str, object] = {"window": 4, "rto": RTO, "ack_delay": ACK_DELAY}
+    options.update(kwargs)
+    return UamMachine(**options)  # type: ignore[arg-type]
+
+
+def events(m: UamMachine) -> list[Event]:
+    out = []
+    while (event := m.next_event()) is not None:
+        out.append(event)
+    return out
+
+
+@attrs.frozen
+class Sent:
+    time: float
+    source: str
+    pdu: Pdu
+    fault: str | None
+
+
+@attrs.define
+class Link:
+    """Two machines joined by a link with a fixed delay, scripted faults and an application on
+    each side that handles every event at once (ECHO replies, SINK records, replies recorded).
+
+    Datagrams are numbered 1, 2, ... in the order they are put on the link (both directions).
+    ``faults`` maps a number to "drop", "dup", "corrupt" (unknown type byte) or "late:X"
+    (arrives X seconds late, so later datagrams overtake it).
+    """
+
+    a: UamMachine
+    b: UamMachine
+    faults: dict[int, str] = attrs.Factory(dict)
+    silent: str | None = None  # this side's datagrams are all lost
+    now: float = 0.0
+    sent: list[Sent] = attrs.Factory(list)
+    got: dict[str, list[tuple[str, tuple[int, ...]]]] = attrs.Factory(
+        lambda: {"a": [], "b": []}
+    )
+    failed: dict[str, tuple[float, PeerFailed]] = attrs.Factory(dict)
+    regions: dict[str, bytearray] = attrs.Factory(
+        lambda: {"a": bytearray(20000), "b": bytearray(20000)}
+    )
+    _flight: list[tuple[float, int, str, bytes]] = attrs.Factory(list)
+    _order: int = 0
+
+    def m(self, side: str) -> UamMachine:
+        return self.a if side == "a" else self.b
+
+    def request(self, side: str, handler: int, *args: int) -> None:
+        self.m(side).request(handler, args, self.now)
+        self._collect()
+
+    def run(self, until: float) -> None:
+        self._collect()
+        while True:
+            arrival = self._flight[0][0] if self._flight else None
+            timers = [(t, s) for s in ("a", "b") if (t := self.m(s).get_timer()) is not None]
+            timer = min(timers) if timers else None
+            if arrival is not None and (timer is None or arrival <= timer[0]):
+                if arrival > until:
+                    break
+                self.now, _, destination, datagram = heapq.heappop(self._flight)
+                self.m(destination).receive(datagram, self.now)
+            elif timer is not None and timer[0] <= until:
+                self.now = timer[0]
+                self.m(timer[1]).handle_timer(self.now)
+            else:
+                break
+            self._collect()
+        self.now = until
+
+    def data_sent(self, source: str) -> list[Sent]:
+        return [s for s in self.sent if s.source == source and s.pdu.type is not PduType.ACK]
+
+    def _handle(self, side: str) -> None:
+        m = self.m(side)
+        while (event := m.next_event()) is not None:
+            if isinstance(event, RequestReceived):
+                self.got[side].append(("request", event.args))
+                if event.handler == ECHO:
+                    m.reply(event.token, REPLY_TO, event.args, self.now)
+            elif isinstance(event, ReplyReceived):
+                self.got[side].append(("reply", event.args))
+            elif isinstance(event, StoreReceived):
+                start = event.offset + event.chunk
+                self.regions[side][start : start + len(event.data)] = event.data
+                if event.last:
+                    self.got[side].append(("stored", (event.offset, event.total, *event.args)))
+            elif isinstance(event, GetReceived):
+                start = event.offset + event.chunk
+                m.reply_get(event.token, bytes(self.regions[side][start : start + event.length]), self.now)
+            elif isinstance(event, GetReplyReceived):
+                self.regions[side][event.chunk : event.chunk + len(event.data)] = event.data
+                if event.last:
+                    self.got[side].append(("got", (event.xfer, event.total)))
+            elif isinstance(event, Delivered):
+                self.got[side].append(("message", (len(event.data),)))
+            else:
+                self.failed[side] = (self.now, event)
+
+    def _collect(self) -> None:
+        for side, other in (("a", "b"), ("b", "a")):
+            self._handle(side)
+            for datagram in self.m(side).datagrams_to_send(self.now):
+                fault = "drop" if self.silent == side else self.faults.get(len(self.sent) + 1)
+                self.sent.append(Sent(self.now, side, parse(datagram), fault))
+                self._put(other, datagram, fault)
+
+    def _put(self, destination: str, datagram: bytes, fault: str | None) -> None:
+        arrival = self.now + DELAY
+        if fault == "drop":
+            return
+        if fault == "corrupt":
+            datagram = b"\x09" + datagram[1:]
+        if fault is not None and fault.startswith("late:"):
+            arrival += float(fault.removeprefix("late:"))
+        for _ in range(2 if fault == "dup" else 1):
+            self._order += 1
+            heapq.heappush(self._flight, (arrival, self._order, destination, datagram))
+
+
+def make_link(**kwargs: object) -> Link:
+    faults = kwargs.pop("faults", {})
+    silent = kwargs.pop("silent", None)
+    return Link(machine(**kwargs), machine(**kwargs), faults=faults, silent=silent)  # type: ignore[arg-type]
+
+
+def sinks(link: Link, n: int, side: str = "a") -> None:
+    """Send n SINK requests with args (i,), waiting for window room as a driver would."""
+    for i in range(n):
+        while not link.m(side).request_room:
+            link.run(link.now + DELAY)
+        link.request(side, SINK, i)
+
+
+def requests_seen(link: Link, side: str) -> list[tuple[int, ...]]:
+    return [args for what, args in link.got[side] if what == "request"]
+
+
+# --- by hand -------------------------------------------------------------------------------------
+
+
+def test_request_is_one_single_cell_pdu_and_reply_acks_it() -> None:
+    a, b = machine(), machine()
+    a.request(ECHO, (1, 2, 3, 4), now=0.0)
+    (datagram,) = a.datagrams_to_send(0.0)
+    assert len(datagram) == 24  # + 8-byte AAL5 trailer = one 48-byte cell payload
+    assert parse(datagram) == Pdu(PduType.REQUEST, 0, 0, ECHO, (1, 2, 3, 4))
+    assert a.get_timer() == RTO
+    b.receive(datagram, now=0.01)
+    (event,) = events(b)
+    assert event == RequestReceived(handler=ECHO, args=(1, 2, 3, 4), token=0)
+    # events() took the request and the next (None) call closed it, so reply by hand here:
+    b2 = machine()
+    b2.receive(datagram, now=0.01)
+    request = b2.next_event()
+    assert isinstance(request, RequestReceived)
+    b2.reply(request.token, REPLY_TO, (5,), now=0.01)
+    (reply,) = b2.datagrams_to_send(0.01)
+    assert parse(reply) == Pdu(PduType.REPLY, 0, 1, REPLY_TO, (5,))  # ack 1: implicit
+    a.receive(reply, now=0.02)
+    assert a.get_timer() is None  # acknowledged by the reply: no timer
+    assert a.request_room == 4
+    assert events(a) == [ReplyReceived(handler=REPLY_TO, args=(5,))]
+
+
+def test_request_without_reply_is_acked_explicitly_after_ack_delay() -> None:
+    a, b = machine(), machine()
+    a.request(SINK, (), now=0.0)
+    b.receive(a.datagrams_to_send(0.0)[0], now=0.01)
+    assert len(events(b)) == 1
+    assert b.datagrams_to_send(0.01) == []  # the delayed-ack clock starts now
+    assert b.get_timer() == pytest.approx(0.01 + ACK_DELAY)
+    b.handle_timer(0.01 + ACK_DELAY)
+    (ack,) = b.datagrams_to_send(0.01 + ACK_DELAY)
+    assert parse(ack) == Pdu(PduType.ACK, ack=1)
+    a.receive(ack, now=0.2)
+    assert a.idle
+    assert b.statistics().acks_sent == 1
+    assert a.statistics().acks_received == 1
+
+
+def test_half_a_window_of_handled_requests_is_acked_at_once() -> None:
+    a, b = machine(window=4), machine(window=4)
+    for i in range(4):
+        a.request(SINK, (i,), now=0.0)
+    for datagram in a.datagrams_to_send(0.0):
+        b.receive(datagram, now=0.01)
+    assert len(events(b)) == 4
+    (ack,) = b.datagrams_to_send(0.01)
+    assert parse(ack).ack == 4
+
+
+def test_reply_rules() -> None:
+    a, b = machine(), machine()
+    a.request(ECHO, (), now=0.0)
+    a.request(SINK, (), now=0.0)
+    for datagram in a.datagrams_to_send(0.0):
+        b.receive(datagram, now=0.01)
+    first = b.next_event()
+    assert isinstance(first, RequestReceived)
+    b.reply(first.token, REPLY_TO, (), now=0.01)
+    with pytest.raises(LocalProtocolError, match="once"):
+        b.reply(first.token, REPLY_TO, (), now=0.01)  # twice
+    second = b.next_event()
+    assert isinstance(second, RequestReceived)
+    with pytest.raises(LocalProtocolError):
+        b.reply(first.token, REPLY_TO, (), now=0.01)  # a handler that has returned
+    for datagram in b.datagrams_to_send(0.01):
+        a.receive(datagram, now=0.02)
+    reply = a.next_event()
+    assert isinstance(reply, ReplyReceived)
+    with pytest.raises(LocalProtocolError, match="reply handler may not reply"):
+        a.reply(0, REPLY_TO, (), now=0.02)
+
+
+@pytest.mark.parametrize(
+    ("handler", "args"),
+    [(256, ()), (-1, ()), (1, (1, 2, 3, 4, 5)), (1, (-1,)), (1, (1 << 32,)), (1, (True,))],
+)
+def test_bad_requests_raise(handler: int, args: tuple[int, ...]) -> None:
+    with pytest.raises(LocalProtocolError):
+        machine().request(handler, args, now=0.0)
+
+
+def test_window_full_raises_and_request_room_counts() -> None:
+    a = machine(window=2)
+    a.request(SINK, (), now=0.0)
+    assert a.request_room == 1
+    a.request(SINK, (), now=0.0)
+    assert a.request_room == 0
+    with pytest.raises(LocalProtocolError, match="window"):
+        a.request(SINK, (), now=0.0)
+    assert len(a.datagrams_to_send(0.0)) == 2
+    assert a.statistics().window_used == 2
+
+
+def test_store_is_split_into_4160_byte_chunks_handler_on_the_last() -> None:
+    a = machine(window=8)
+    data = bytes(range(256)) * 40  # 10240 bytes: 4160 + 4160 + 1920
+    a.store(3, 100, data, 7, (42,), now=0.0)
+    pdus = [parse(d) for d in a.datagrams_to_send(0.0)]
+    assert [len(p.data) for p in pdus] == [CHUNK_SIZE, CHUNK_SIZE, 10240 - 2 * CHUNK_SIZE]
+    assert [p.bulk.chunk for p in pdus if p.bulk] == [0, CHUNK_SIZE, 2 * CHUNK_SIZE]
+    assert [(p.handler, p.args) for p in pdus] == [(0, ()), (0, ()), (7, (42,))]
+    assert {p.bulk.total for p in pdus if p.bulk} == {10240}
+    assert b"".join(p.data for p in pdus) == data
+
+
+def test_malformed_input_is_counted_and_dropped() -> None:
+    b = machine()
+    for junk in (b"", b"\x01", b"\x63" * 8, b"\x01\x00\x00\x00\x00\x00\x05\x00", bytes(30)):
+        b.receive(junk, now=0.0)
+    assert b.statistics().malformed == 5
+    assert events(b) == []
+    assert b.datagrams_to_send(0.0) == []
+
+
+def test_failure_after_max_retries_at_the_computed_time() -> None:
+    link = make_link(max_retries=3, silent="b")
+    link.request("a", ECHO, 1)
+    link.run(until=100.0)
+    when, failure = link.failed["a"]
+    assert when == pytest.approx(RTO * (3 + 1))  # rto * (max_retries + 1)
+    assert failure == PeerFailed(retransmissions=3, undelivered=1)
+    assert [s.time for s in link.data_sent("a")] == pytest.approx([0.0, 1.0, 2.0, 3.0])
+    assert link.a.state is UamState.FAILED
+    with pytest.raises(LocalProtocolError, match="failed"):
+        link.a.request(ECHO, (), now=link.now)
+    link.a.receive(build(Pdu(PduType.ACK, ack=1)), now=link.now)
+    assert link.a.statistics().ignored == 1
+
+
+# --- through the scripted link -------------------------------------------------------------------
+
+
+def test_lose_the_third_packet_go_back_n() -> None:
+    link = make_link(faults={3: "drop"})
+    sinks(link, 4)  # datagrams 1-4 are the four requests: the 3rd is lost
+    link.run(until=10.0)
+    assert requests_seen(link, "b") == [(0,), (1,), (2,), (3,)]
+    sent = link.data_sent("a")
+    # b acknowledged 0 and 1 at once (half a window), so a's timer restarted when that ACK
+    # arrived (2 delays); one rto later, go back N: the lost request and the one after it.
+    retransmitted = [(s.time, s.pdu.seq) for s in sent[4:]]
+    assert retransmitted == [(pytest.approx(2 * DELAY + RTO), 2), (pytest.approx(2 * DELAY + RTO), 3)]
+    stats_a, stats_b = link.a.statistics(), link.b.statistics()
+    assert stats_a.retransmitted == 2
+    assert stats_a.timeouts == 1
+    assert stats_b.out_of_order == 1  # seq 3 arrived before seq 2
+    assert link.a.idle
+
+
+def test_duplicate_of_the_fifth_packet_is_suppressed() -> None:
+    link = make_link(window=8, faults={5: "dup"})
+    sinks(link, 6)
+    link.run(until=10.0)
+    assert requests_seen(link, "b") == [(i,) for i in range(6)]
+    assert link.b.statistics().duplicates == 1
+    assert link.b.statistics().received == 6
+    assert link.a.statistics().retransmitted == 0
+
+
+def test_reordered_window_is_recovered() -> None:
+    # The first request of a window arrives last: the others are out of order and dropped,
+    # then go-back-N resends them in order.
+    link = make_link(faults={1: "late:0.05"})
+    sinks(link, 4)
+    link.run(until=10.0)
+    assert requests_seen(link, "b") == [(i,) for i in range(4)]
+    assert link.b.statistics().out_of_order == 3
+    assert link.a.statistics().retransmitted == 3
+
+
+def test_corrupted_packet_is_counted_and_resent() -> None:
+    link = make_link(faults={2: "corrupt"})
+    sinks(link, 3)
+    link.run(until=10.0)
+    assert requests_seen(link, "b") == [(i,) for i in range(3)]
+    assert link.b.statistics().malformed == 1
+
+
+def test_lost_reply_is_resent_and_the_request_not_run_twice() -> None:
+    link = make_link(faults={2: "drop"})  # 1: request, 2: its reply
+    link.request("a", ECHO, 9)
+    link.run(until=10.0)
+    assert requests_seen(link, "b") == [(9,)]  # the handler ran once
+    assert link.got["a"] == [("reply", (9,))]
+    assert link.b.statistics().duplicates == 1  # the retransmitted request
+    assert link.b.statistics().retransmitted == 1  # the reply, by b's go-back-N
+    assert link.a.idle
+    assert link.b.idle
+
+
+def test_sequence_numbers_wrap() -> None:
+    link = make_link(initial_seq=65534, faults={2: "drop"})
+    sinks(link, 6)
+    link.run(until=10.0)
+    assert requests_seen(link, "b") == [(i,) for i in range(6)]
+    assert [s.pdu.seq for s in link.data_sent("a")][:4] == [65534, 65535, 0, 1]
+
+
+def test_store_and_get_move_blocks_of_any_size() -> None:
+    link = make_link(window=4)
+    data = bytes((i * 7) & 0xFF for i in range(15000))  # 4 chunks
+    link.a.store(0, 1000, data, 5, (77,), now=0.0)
+    link.run(until=10.0)
+    assert link.regions["b"][1000:16000] == data
+    assert link.got["b"] == [("stored", (1000, 15000, 77))]
+    xfer = link.a.get(0, 1000, 15000, now=link.now)
+    link.regions["a"][:] = bytes(20000)
+    link.run(until=20.0)
+    assert link.got["a"][-1] == ("got", (xfer, 15000))
+    assert link.regions["a"][:15000] == data
+    assert link.a.idle
+
+
+def test_datagram_face_reassembles_messages() -> None:
+    link = make_link(window=2)
+    link.a.send_message(bytes(9000), now=0.0)
+    link.run(until=10.0)
+    assert ("message", (9000,)) in link.got["b"]
+    assert INBOX_REGION == 0xFFFF
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.dictionaries(
+        st.integers(1, 80),
+        st.sampled_from(["drop", "dup", "corrupt", "late:0.02", "late:1.5"]),
+        max_size=25,
+    ),
+    st.integers(1, 25),
+    st.integers(0, 3),
+)
+def test_exactly_once_in_order_under_any_faults(faults: dict[int, str], n: int, w: int) -> None:
+    link = make_link(window=1 << w, faults=faults, max_retries=40)
+    for i in range(n):
+        while not link.a.request_room:
+            link.run(link.now + DELAY)
+        link.request("a", ECHO if i % 2 else SINK, i)
+    link.run(until=link.now + 500.0)
+    assert requests_seen(link, "b") == [(i,) for i in range(n)]
+    assert link.got["a"] == [("reply", (i,)) for i in range(n) if i % 2]
+    assert link.a.idle and link.b.idle
+    assert "a" not in link.failed and "b" not in link.failed
