@@ -13,7 +13,7 @@ See docs/writing-a-layer.md for a layer written end to end.
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any, ClassVar, TypeVar
 
@@ -111,5 +111,3 @@ async def open_stack(bottom: Service, layers: Sequence[Layer]) -> AsyncIterator[
                 )
         yield service
 
-
-ServiceFactory = Callable[[], Service]
