@@ -110,4 +110,3 @@ async def open_stack(bottom: Service, layers: Sequence[Layer]) -> AsyncIterator[
                     f"{type(service).__name__}"
                 )
         yield service
-

@@ -5,4 +5,5 @@ Importing this package registers the layers that ship with stacklib (see stackli
 
 from __future__ import annotations
 
-import stacklib.layers.arq  # noqa: F401  (registers "arq")
+import stacklib.layers.arq
+import stacklib.layers.uam  # noqa: F401  (registers "uam")

@@ -359,8 +359,10 @@ class UamService(ReliableService):
 
     async def recv(self) -> tuple[int, bytes]:
         """The next message sent with :meth:`send`, as (peer, data); polls while waiting."""
-        await self._wait_until(lambda: bool(self._inbox) or self._closed, None)
-        if not self._inbox:
+        if not self._closed:
+            await self._wait_until(lambda: bool(self._inbox), None)
+        elif not self._inbox:
+            await trio.lowlevel.checkpoint()
             raise trio.EndOfChannel
         return self._inbox.popleft()
 
@@ -626,4 +628,3 @@ class UamLayer(Layer):
                 service._close()
         if body_error is not None:
             raise body_error
-

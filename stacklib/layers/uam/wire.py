@@ -357,9 +357,7 @@ def pdus(*, max_data: int = 64) -> SearchStrategy[Pdu]:
         bulk = Bulk(draw(u16), draw(u16), draw(st.integers(0, WORD_MAX)), total, chunk)
         return Pdu(kind, draw(u16), draw(u16), handler, args, bulk, data)
 
-    small = st.builds(
-        Pdu, st.sampled_from([PduType.REQUEST, PduType.REPLY]), u16, u16, u8, words
-    )
+    small = st.builds(Pdu, st.sampled_from([PduType.REQUEST, PduType.REPLY]), u16, u16, u8, words)
     acks = st.builds(lambda ack: Pdu(PduType.ACK, ack=ack), u16)
     result: SearchStrategy[Pdu] = st.one_of(
         small,
