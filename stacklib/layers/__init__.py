@@ -5,5 +5,7 @@ Importing this package registers the layers that ship with stacklib (see stackli
 
 from __future__ import annotations
 
-import stacklib.layers.arq
-import stacklib.layers.uam  # noqa: F401  (registers "uam")
+# Imported for their registration with stacklib.stack.
+from stacklib.layers import arq, uam
+
+__all__ = ["arq", "uam"]
