@@ -13,9 +13,11 @@ See docs/writing-a-layer.md for a layer written end to end.
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any, ClassVar, TypeVar
+
+import trio
 
 from stacklib.errors import AssemblyError
 from stacklib.services import Service
@@ -39,6 +41,15 @@ class Layer(abc.ABC):
     def __repr__(self) -> str:
         return f"<layer {self.name}>"
 
+    def require_below(self, below: Service) -> None:
+        """Raise :class:`AssemblyError` unless ``below`` provides what this layer requires
+        (for layers opened directly, without :func:`open_stack`'s check)."""
+        if not isinstance(below, self.requires):
+            raise AssemblyError(
+                f"layer {self.name!r} requires a {self.requires.kind!r} service "
+                f"({self.requires.__name__}), got {type(below).__name__}"
+            )
+
     @abc.abstractmethod
     def open(self, below: Service) -> AbstractAsyncContextManager[Service]:
         """Run the layer over ``below``: an async context manager yielding the service above.
@@ -46,6 +57,36 @@ class Layer(abc.ABC):
         Background tasks (timers, a receive loop) live in a nursery inside it, so leaving the
         context stops them.
         """
+
+
+S = TypeVar("S", bound=Service)
+
+
+@asynccontextmanager
+async def serve(
+    service: S,
+    tasks: Sequence[tuple[Callable[[], Awaitable[object]], str]],
+    close: Callable[[], object],
+) -> AsyncIterator[S]:
+    """Yield ``service`` while its background ``tasks`` (function, name) run in a nursery.
+
+    The shape of a layer driver's ``open``: leaving the block cancels the tasks and calls
+    ``close``; an exception raised in the block is re-raised as itself, outside the nursery,
+    so the caller does not get it wrapped in an ExceptionGroup.
+    """
+    body_error: BaseException | None = None
+    async with trio.open_nursery() as nursery:
+        for function, name in tasks:
+            nursery.start_soon(function, name=name)
+        try:
+            yield service
+        except BaseException as error:
+            body_error = error
+        finally:
+            nursery.cancel_scope.cancel()
+            close()
+    if body_error is not None:
+        raise body_error
 
 
 LAYERS: dict[str, type[Layer]] = {}

@@ -20,6 +20,7 @@ peers, like one that stopped answering (their retransmissions back off, then the
 from __future__ import annotations
 
 import math
+import typing
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 
@@ -27,11 +28,11 @@ import attrs
 import trio
 import trio.lowlevel
 
-from stacklib.errors import AssemblyError, LocalProtocolError, PeerUnreachable
+from stacklib.errors import LocalProtocolError, PeerUnreachable
 from stacklib.layers.arq.machine import ArqMachine, ArqStatistics, Delivered, PeerFailed
 from stacklib.layers.arq.wire import HEADER_SIZE
 from stacklib.services import DatagramService, ReliableService, Service
-from stacklib.stack import Layer, register_layer
+from stacklib.stack import Layer, register_layer, serve
 
 __all__ = ["ArqLayer", "ArqParams", "ArqService"]
 
@@ -275,24 +276,8 @@ class ArqLayer(Layer):
     @asynccontextmanager
     async def open(self, below: Service) -> AsyncIterator[ArqService]:
         """Run the layer over ``below`` and yield its :class:`ArqService`."""
-        if not isinstance(below, DatagramService):
-            raise AssemblyError(
-                f"layer 'arq' requires a 'datagram' service (DatagramService), got "
-                f"{type(below).__name__}"
-            )
-        service = ArqService(below, self.params)
-        body_error: BaseException | None = None
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(service._receive_loop, name="arq receive")
-            nursery.start_soon(service._pump, name="arq pump")
-            try:
-                yield service
-            except BaseException as error:
-                # Re-raised below, outside the nursery, so the caller gets its own exception
-                # and not an ExceptionGroup wrapping it.
-                body_error = error
-            finally:
-                nursery.cancel_scope.cancel()
-                service._close()
-        if body_error is not None:
-            raise body_error
+        self.require_below(below)
+        service = ArqService(typing.cast(DatagramService, below), self.params)
+        tasks = [(service._receive_loop, "arq receive"), (service._pump, "arq pump")]
+        async with serve(service, tasks, service._close):
+            yield service

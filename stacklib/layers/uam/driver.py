@@ -22,6 +22,7 @@ data structure" (paper 000 §5.2).  On real transports nothing is charged.
 from __future__ import annotations
 
 import math
+import typing
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -32,7 +33,6 @@ import trio
 import trio.lowlevel
 
 from stacklib.errors import (
-    AssemblyError,
     LocalProtocolError,
     PeerUnreachable,
     RemoteProtocolError,
@@ -52,7 +52,7 @@ from stacklib.layers.uam.machine import (
 from stacklib.layers.uam.wire import CHUNK_SIZE, MAX_OVERHEAD, PduType
 from stacklib.services import DatagramService, ReliableService, Service, UNetService
 from stacklib.sim.costs import cited
-from stacklib.stack import Layer, register_layer
+from stacklib.stack import Layer, register_layer, serve
 
 __all__ = ["Handler", "RemoteAddress", "UamLayer", "UamParams", "UamService"]
 
@@ -606,25 +606,10 @@ class UamLayer(Layer):
     @asynccontextmanager
     async def open(self, below: Service) -> AsyncIterator[UamService]:
         """Run the layer over ``below`` and yield its :class:`UamService`."""
-        if not isinstance(below, DatagramService):
-            raise AssemblyError(
-                f"layer 'uam' requires a 'datagram' service (DatagramService), got "
-                f"{type(below).__name__}"
-            )
-        service = UamService(below, self.params)
-        body_error: BaseException | None = None
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(service._receive_loop, name="uam receive")
-            nursery.start_soon(service._pump, name="uam pump")
-            if self.params.background_poll:
-                nursery.start_soon(service._poller, name="uam poller")
-            try:
-                yield service
-            except BaseException as error:
-                # Re-raised below, outside the nursery, so the caller gets its own exception.
-                body_error = error
-            finally:
-                nursery.cancel_scope.cancel()
-                service._close()
-        if body_error is not None:
-            raise body_error
+        self.require_below(below)
+        service = UamService(typing.cast(DatagramService, below), self.params)
+        tasks = [(service._receive_loop, "uam receive"), (service._pump, "uam pump")]
+        if self.params.background_poll:
+            tasks.append((service._poller, "uam poller"))
+        async with serve(service, tasks, service._close):
+            yield service
