@@ -10,6 +10,8 @@ reliable message service can carry a layer that asks only for datagrams).
 * :class:`ReliableService`: messages delivered exactly once and in order per peer, or the peer
   reported unreachable.
 * :class:`StreamService`: byte streams (``trio.abc.HalfCloseableStream``), e.g. TCP.
+* :class:`FrameService`: whole Ethernet frames on one link (a TAP device), under IP's
+  Ethernet mode.
 
 Peers are small integers (the channel ids of the endpoint at the bottom of the stack), so a
 message's origin travels up unchanged through every layer.
@@ -113,6 +115,36 @@ class ReliableService(DatagramService):
     (:class:`stacklib.errors.PeerUnreachable`)."""
 
     kind = "reliable"
+
+
+class FrameService(Service):
+    """Whole Ethernet II frames (without FCS) to and from one link.
+
+    Implemented by link helpers such as a TAP device (stacklib.transports.tap); the IP
+    layer's Ethernet mode (``ip-ether``) runs IP with ARP over it.  Frames may be lost;
+    :meth:`recv` returns every frame the link delivers to this interface (filtering by MAC is
+    the caller's business).
+    """
+
+    kind = "frames"
+
+    @property
+    @abc.abstractmethod
+    def mac(self) -> bytes:
+        """This interface's 6-byte MAC address."""
+
+    @property
+    @abc.abstractmethod
+    def mtu(self) -> int:
+        """The largest Ethernet payload (frame less its 14-byte header), usually 1500."""
+
+    @abc.abstractmethod
+    async def send(self, frame: bytes | bytearray | memoryview) -> None:
+        """Transmit one whole frame (header included)."""
+
+    @abc.abstractmethod
+    async def recv(self) -> bytes:
+        """The next frame received; :class:`trio.EndOfChannel` when the link closes."""
 
 
 class StreamService(Service):

@@ -1,0 +1,629 @@
+"""The trio drivers of IP: ``"ip"`` over U-Net channels and ``"ip-ether"`` over Ethernet frames.
+
+**Over U-Net** (:class:`IpLayer`, paper 000 §7.1): every U-Net channel is a point-to-point link
+to one peer, and "a single channel is used to carry all IP traffic between two applications".
+The address plan is explicit: ``address`` is this host's IPv4 address and ``peers`` maps each
+peer's address to the channel (peer id of the datagram service below) that reaches it, e.g. in
+a recipe::
+
+    [[layers]]
+    kind = "ip"
+    address = "10.0.0.1"
+    peers = { "10.0.0.2" = 0 }
+
+With ``learn_peers`` (the default) a valid packet from an unknown source address arriving on
+channel c also adds (source -> c), so a server needs no table of its clients; a peer can be
+added later with :meth:`IpStack.add_peer`.  The MTU of a channel is ``mtu`` (9180: paper 000
+§7.5 "IP over U-Net exports an MTU of 9Kbytes"; 9180 is RFC 1626's IP-over-AAL5 default) capped
+by the largest message the service below carries (1497 bytes on U-Net/FE, paper 003 §4.4.2).
+
+**Over Ethernet** (:class:`IpEtherLayer`): IP with ARP (:class:`~stacklib.layers.ip.machine.
+ArpCache`) over a :class:`~stacklib.layers.ip.service.FrameService` (a TAP device, for one), so
+a real host can ping it: ICMP echo requests are answered (both modes).  Every destination is
+on-link (no routing table, no gateway).
+
+Common to both (paper 000 §7.5): the receive side is liberal and reassembles fragments
+(:class:`~stacklib.layers.ip.machine.Reassembler`); the send side never fragments: a packet
+over the MTU is a :class:`~stacklib.errors.LocalProtocolError` naming the MTU, and packets go
+out with DF set.  No forwarding: packets for other addresses are dropped (``not_for_us``).
+Malformed input is dropped and counted by reason (``statistics()["dropped"]``).  Transport
+protocols receive through :meth:`IpStack.open_protocol`; a protocol nobody opened is dropped
+(``no_protocol``).  Tasks: a receive loop, and a timer task for reassembly (and ARP) deadlines.
+Any task may send: the services below accept concurrent senders.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+import trio.lowlevel
+
+from stacklib.errors import AssemblyError, LocalProtocolError
+from stacklib.layers.ip.machine import ArpCache, Reassembler
+from stacklib.layers.ip.service import FrameService, IpService, ProtocolEndpoint
+from stacklib.layers.ip.wire import (
+    BROADCAST_MAC,
+    ETHERTYPE_ARP,
+    ETHERTYPE_IPV4,
+    IPV4_HEADER_SIZE,
+    ArpFormatError,
+    EthernetFormatError,
+    EthernetFrame,
+    IcmpFormatError,
+    IcmpMessage,
+    IcmpType,
+    IpProtocol,
+    Ipv4FormatError,
+    Ipv4Packet,
+    build_ethernet,
+    build_icmp,
+    build_ipv4,
+    ip_bytes,
+    parse_arp,
+    parse_ethernet,
+    parse_icmp,
+    parse_ipv4,
+)
+from stacklib.services import DatagramService, Service, UNetService
+from stacklib.sim.costs import cited
+from stacklib.stack import Layer, register_layer
+
+if TYPE_CHECKING:
+    from stacklib.sim.resources import Resource
+
+__all__ = [
+    "IpEtherLayer",
+    "IpEtherParams",
+    "IpEtherStack",
+    "IpLayer",
+    "IpParams",
+    "IpStack",
+    "UNetIpStack",
+]
+
+_Buffer = bytes | bytearray | memoryview
+_LIMITED_BROADCAST = "255.255.255.255"
+_Reply = tuple[str, IcmpMessage]  # (destination, echo reply)
+
+
+def _address(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    ip_bytes(value)  # ValueError names the bad value
+
+
+def _int_in(low: int, high: int) -> Callable[[object, attrs.Attribute[int], int], None]:
+    def check(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(f"{attribute.name} must be an integer in {low}..{high}, got {value!r}")
+
+    return check
+
+
+def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{attribute.name} must be a positive number, got {value!r}")
+
+
+def _peer_table(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, dict):
+        raise ValueError(f"{attribute.name} must be a table of address = channel")
+    for address, channel in value.items():
+        ip_bytes(address)
+        if isinstance(channel, bool) or not isinstance(channel, int) or channel < 0:
+            raise ValueError(f"{attribute.name}: channel of {address} must be an int >= 0")
+
+
+@attrs.frozen
+class IpParams:
+    """Parameters of IP over U-Net (``[[layers]] kind = "ip"``)."""
+
+    #: This host's IPv4 address.
+    address: str = attrs.field(default="10.0.0.1", validator=_address)
+    #: Peer address -> channel (the peer id of the datagram service below).
+    peers: dict[str, int] = attrs.field(factory=dict, validator=_peer_table)
+    #: Add (source -> channel) when a valid packet arrives from an unknown source.
+    learn_peers: bool = True
+    #: Largest packet per channel, header included (capped by the service below).
+    mtu: int = cited(
+        9180,
+        "paper 000 §7.5: 'IP over U-Net exports an MTU of 9Kbytes' (9180: RFC 1626's default "
+        "for IP over AAL5)",
+        "bytes",
+        validator=_int_in(68, 65535),
+    )
+    #: Time to live of packets sent (Linux's default).
+    ttl: int = attrs.field(default=64, validator=_int_in(1, 255))
+    #: Datagrams waiting per protocol endpoint before more are dropped (``protocol_queue_full``).
+    protocol_queue: int = attrs.field(default=256, validator=_int_in(1, 1 << 20))
+    #: Seconds a fragmented datagram may take to complete (Linux's ipfrag_time).
+    reassembly_timeout: float = attrs.field(default=30.0, validator=_positive)
+    reassembly_max_datagrams: int = attrs.field(default=64, validator=_int_in(1, 1 << 16))
+    reassembly_max_bytes: int = attrs.field(default=1 << 20, validator=_int_in(1, 1 << 30))
+    #: Answer ICMP echo requests (ping).
+    answer_ping: bool = True
+
+
+@attrs.frozen
+class IpEtherParams:
+    """Parameters of IP over Ethernet frames (``[[layers]] kind = "ip-ether"``)."""
+
+    address: str = attrs.field(default="10.0.0.1", validator=_address)
+    #: Largest packet; 0 means the frame service's MTU (1500 on Ethernet).
+    mtu: int = attrs.field(default=0, validator=_int_in(0, 65535))
+    ttl: int = attrs.field(default=64, validator=_int_in(1, 255))
+    protocol_queue: int = attrs.field(default=256, validator=_int_in(1, 1 << 20))
+    reassembly_timeout: float = attrs.field(default=30.0, validator=_positive)
+    reassembly_max_datagrams: int = attrs.field(default=64, validator=_int_in(1, 1 << 16))
+    reassembly_max_bytes: int = attrs.field(default=1 << 20, validator=_int_in(1, 1 << 30))
+    answer_ping: bool = True
+    #: Seconds an ARP entry lives after it was last confirmed.
+    arp_lifetime: float = attrs.field(default=60.0, validator=_positive)
+    #: Seconds between ARP requests for an unresolved address, and how many retries.
+    arp_retry_interval: float = attrs.field(default=1.0, validator=_positive)
+    arp_max_retries: int = attrs.field(default=3, validator=_int_in(0, 100))
+    #: Packets queued per unresolved address.
+    arp_max_pending: int = attrs.field(default=16, validator=_int_in(1, 1 << 16))
+
+
+class _Endpoint(ProtocolEndpoint):
+    def __init__(self, stack: IpStack, protocol: int, capacity: int) -> None:
+        self.protocol = protocol
+        self._stack = stack
+        self._send, self._recv = trio.open_memory_channel[tuple[str, str, bytes]](capacity)
+
+    async def recv(self) -> tuple[str, str, bytes]:
+        return await self._recv.receive()
+
+    def close(self) -> None:
+        if self._stack._protocols.get(self.protocol) is self:
+            del self._stack._protocols[self.protocol]
+        self._send.close()
+        self._recv.close()
+
+
+class IpStack(IpService):
+    """What the IP layers share: receive path, reassembly, ICMP echo, protocol endpoints."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        ttl: int,
+        protocol_queue: int,
+        answer_ping: bool,
+        reassembler: Reassembler,
+    ) -> None:
+        self._address = address
+        self._ttl = ttl
+        self._protocol_queue = protocol_queue
+        self._answer_ping = answer_ping
+        self._reassembler = reassembler
+        self._protocols: dict[int, _Endpoint] = {}
+        self._next_id = 0
+        self._closed = False
+        self._kick_event = trio.Event()
+        self._counts = dict.fromkeys(
+            (
+                "sent",
+                "sent_bytes",
+                "received",
+                "delivered",
+                "echo_requests",
+                "echo_replies",
+                "reassembled",
+            ),
+            0,
+        )
+        self._dropped: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ the service
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    async def send(
+        self, dst: str, protocol: int, payload: _Buffer, *, ttl: int | None = None
+    ) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if self._closed:
+            raise trio.ClosedResourceError("the IP layer is closed")
+        mtu = self.mtu(dst)
+        total = IPV4_HEADER_SIZE + len(payload)
+        if total > mtu:
+            raise LocalProtocolError(
+                f"IP: packet of {total} bytes to {dst} exceeds the MTU of {mtu} bytes "
+                "(IP over U-Net never fragments, paper 000 §7.5)"
+            )
+        ident = self._next_id
+        self._next_id = (ident + 1) & 0xFFFF
+        packet = build_ipv4(
+            Ipv4Packet(
+                self._address,
+                dst,
+                protocol,
+                bytes(payload),
+                self._ttl if ttl is None else ttl,
+                identification=ident,
+                dont_fragment=True,
+            )
+        )
+        self._counts["sent"] += 1
+        self._counts["sent_bytes"] += total
+        if dst == self._address:
+            reply = self._input(packet, None)  # loopback
+            if reply is not None:
+                await self._answer(reply)
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return
+        await self._transmit(dst, packet)
+
+    def open_protocol(self, protocol: int) -> ProtocolEndpoint:
+        if isinstance(protocol, bool) or not isinstance(protocol, int) or not 0 <= protocol <= 255:
+            raise LocalProtocolError(f"IP: protocol {protocol!r} is not in 0..255")
+        if protocol in self._protocols:
+            raise LocalProtocolError(f"IP: protocol {protocol} is already open")
+        endpoint = _Endpoint(self, protocol, self._protocol_queue)
+        self._protocols[protocol] = endpoint
+        if self._closed:
+            endpoint._send.close()
+        return endpoint
+
+    def statistics(self) -> Mapping[str, object]:
+        """Counters: sent, received, delivered, dropped by reason, reassembly (and ARP)."""
+        return {
+            **self._counts,
+            "dropped": dict(sorted(self._dropped.items())),
+            "reassembly": self._reassembler.statistics(),
+        }
+
+    # ------------------------------------------------------------------ link hooks
+
+    @abc.abstractmethod
+    async def _transmit(self, dst: str, packet: bytes) -> None:
+        """Send a whole IP packet towards ``dst`` on the link."""
+
+    def _link_timer(self) -> float | None:
+        return None
+
+    async def _link_handle_timer(self, now: float) -> None:
+        return None
+
+    # ------------------------------------------------------------------ receive path
+
+    def _drop(self, reason: str) -> None:
+        self._dropped[reason] = self._dropped.get(reason, 0) + 1
+
+    def _input(self, data: _Buffer, channel: int | None) -> _Reply | None:
+        """Process one received packet; returns an echo reply to send, if any.
+
+        Never raises for bad input: every rejection is counted in ``dropped``.
+        """
+        self._counts["received"] += 1
+        try:
+            packet = parse_ipv4(data)
+        except Ipv4FormatError as error:
+            self._drop(error.kind.name.lower())
+            return None
+        if packet.dst != self._address and packet.dst != _LIMITED_BROADCAST:
+            self._drop("not_for_us")  # no forwarding (paper 000 §7.5)
+            return None
+        if channel is not None:
+            self._learn(packet.src, channel)
+        if packet.is_fragment:
+            whole = self._reassembler.receive(packet, trio.current_time())
+            self._kick()  # a new reassembly deadline, perhaps
+            if whole is None:
+                return None
+            self._counts["reassembled"] += 1
+            packet = whole
+        if packet.protocol == IpProtocol.ICMP and self._answer_ping:
+            try:
+                message = parse_icmp(packet.payload)
+            except IcmpFormatError as error:
+                self._drop(f"icmp_{error.kind.name.lower()}")
+                return None
+            if message.type == IcmpType.ECHO_REQUEST and message.code == 0:
+                self._counts["echo_requests"] += 1
+                return packet.src, IcmpMessage(IcmpType.ECHO_REPLY, 0, message.rest, message.data)
+            # Anything else (an echo reply, an error) goes to whoever opened ICMP.
+        endpoint = self._protocols.get(packet.protocol)
+        if endpoint is None:
+            self._drop("no_protocol")
+            return None
+        try:
+            endpoint._send.send_nowait((packet.src, packet.dst, packet.payload))
+        except trio.WouldBlock:
+            self._drop("protocol_queue_full")
+            return None
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            self._drop("no_protocol")
+            return None
+        self._counts["delivered"] += 1
+        return None
+
+    async def _answer(self, reply: _Reply) -> None:
+        dst, message = reply
+        try:
+            await self.send(dst, IpProtocol.ICMP, build_icmp(message))
+        except LocalProtocolError:
+            self._drop("echo_unanswerable")  # too big for the MTU back, or no route
+            return
+        self._counts["echo_replies"] += 1
+
+    def _learn(self, src: str, channel: int) -> None:
+        return None
+
+    # ------------------------------------------------------------------ tasks and helpers
+
+    def _kick(self) -> None:
+        self._kick_event.set()
+
+    async def _timer_loop(self) -> None:
+        while True:
+            kick = self._kick_event = trio.Event()
+            deadline = math.inf
+            for timer in (self._reassembler.get_timer(), self._link_timer()):
+                if timer is not None:
+                    deadline = min(deadline, timer)
+            with trio.move_on_at(deadline):
+                await kick.wait()
+            now = trio.current_time()
+            timer = self._reassembler.get_timer()
+            if timer is not None and timer <= now:
+                self._reassembler.handle_timer(now)
+            await self._link_handle_timer(now)
+
+    def _close(self) -> None:
+        self._closed = True
+        for endpoint in self._protocols.values():
+            endpoint._send.close()
+
+
+class UNetIpStack(IpStack):
+    """IP over a datagram service whose peers are point-to-point links (U-Net channels)."""
+
+    def __init__(self, below: DatagramService, params: IpParams) -> None:
+        super().__init__(
+            params.address,
+            ttl=params.ttl,
+            protocol_queue=params.protocol_queue,
+            answer_ping=params.answer_ping,
+            reassembler=Reassembler(
+                timeout=params.reassembly_timeout,
+                max_datagrams=params.reassembly_max_datagrams,
+                max_bytes=params.reassembly_max_bytes,
+            ),
+        )
+        self._below = below
+        self._params = params
+        self._routes: dict[str, int] = dict(params.peers)
+        self._mtu = min(params.mtu, below.max_message)
+        self._cpu: Resource | None = None
+        self._copy = 0.0
+        if isinstance(below, UNetService):
+            ni = below.endpoint.ni
+            if ni.host_copy_per_byte > 0:
+                self._cpu = ni.host.resource("cpu")
+                self._copy = ni.host_copy_per_byte
+
+    def __repr__(self) -> str:
+        return f"<IP {self._address} over {self._below!r}, {len(self._routes)} peers>"
+
+    @property
+    def routes(self) -> Mapping[str, int]:
+        """Peer address -> channel, as configured and learned."""
+        return dict(self._routes)
+
+    def add_peer(self, address: str, channel: int) -> None:
+        """Reach ``address`` through ``channel`` (replaces an existing entry)."""
+        ip_bytes(address)
+        if channel not in self._below.peers:
+            raise LocalProtocolError(
+                f"IP: no channel {channel} below (channels: {list(self._below.peers)})"
+            )
+        self._routes[address] = channel
+
+    def mtu(self, peer: str) -> int:
+        if peer != self._address and peer not in self._routes:
+            ip_bytes(peer)  # a malformed address is a ValueError, not an unknown peer
+            raise LocalProtocolError(
+                f"IP: no channel to {peer} (known peers: {sorted(self._routes) or 'none'})"
+            )
+        return self._mtu
+
+    @property
+    def modeled_cpu(self) -> Resource | None:
+        return self._cpu
+
+    @property
+    def modeled_copy_per_byte(self) -> float:
+        return self._copy
+
+    async def _transmit(self, dst: str, packet: bytes) -> None:
+        await self._below.send(self._routes[dst], packet)
+
+    def _learn(self, src: str, channel: int) -> None:
+        if self._params.learn_peers and src not in self._routes and src != _LIMITED_BROADCAST:
+            self._routes[src] = channel
+
+    async def _receive_loop(self) -> None:
+        below = self._below
+        while True:
+            try:
+                channel, data = await below.recv()
+            except (trio.EndOfChannel, trio.ClosedResourceError):
+                self._close()
+                return
+            reply = self._input(data, channel)
+            if reply is not None:
+                await self._answer(reply)
+
+
+class IpEtherStack(IpStack):
+    """IP with ARP over an Ethernet :class:`FrameService`."""
+
+    def __init__(self, below: FrameService, params: IpEtherParams) -> None:
+        super().__init__(
+            params.address,
+            ttl=params.ttl,
+            protocol_queue=params.protocol_queue,
+            answer_ping=params.answer_ping,
+            reassembler=Reassembler(
+                timeout=params.reassembly_timeout,
+                max_datagrams=params.reassembly_max_datagrams,
+                max_bytes=params.reassembly_max_bytes,
+            ),
+        )
+        self._below = below
+        self._mac = bytes(below.mac)
+        self._mtu = min(params.mtu or below.mtu, below.mtu)
+        self.arp = ArpCache(
+            self._mac,
+            params.address,
+            entry_lifetime=params.arp_lifetime,
+            retry_interval=params.arp_retry_interval,
+            max_retries=params.arp_max_retries,
+            max_pending=params.arp_max_pending,
+        )
+
+    def __repr__(self) -> str:
+        return f"<IP {self._address} ({self._mac.hex(':')}) over {self._below!r}>"
+
+    def mtu(self, peer: str) -> int:
+        ip_bytes(peer)
+        return self._mtu
+
+    def statistics(self) -> Mapping[str, object]:
+        return {**super().statistics(), "arp": self.arp.statistics()}
+
+    async def _transmit(self, dst: str, packet: bytes) -> None:
+        if dst == _LIMITED_BROADCAST:
+            await self._send_frame(BROADCAST_MAC, ETHERTYPE_IPV4, packet)
+            return
+        self.arp.resolve(dst, packet, trio.current_time())
+        self._kick()  # a retry deadline, perhaps
+        await self._flush()
+
+    async def _flush(self) -> None:
+        for item in self.arp.frames_to_send():
+            await self._send_frame(item.dst, item.ethertype, item.payload)
+
+    async def _send_frame(self, dst: bytes, ethertype: int, payload: bytes) -> None:
+        await self._below.send(build_ethernet(EthernetFrame(dst, self._mac, ethertype, payload)))
+
+    def _link_timer(self) -> float | None:
+        return self.arp.get_timer()
+
+    async def _link_handle_timer(self, now: float) -> None:
+        timer = self.arp.get_timer()
+        if timer is not None and timer <= now:
+            self.arp.handle_timer(now)
+            await self._flush()
+
+    async def _receive_loop(self) -> None:
+        below = self._below
+        while True:
+            try:
+                data = await below.recv()
+            except (trio.EndOfChannel, trio.ClosedResourceError):
+                self._close()
+                return
+            try:
+                frame = parse_ethernet(data)
+            except EthernetFormatError:
+                self._drop("ethernet_malformed")
+                continue
+            if frame.dst != self._mac and frame.dst != BROADCAST_MAC:
+                self._drop("not_our_mac")
+                continue
+            if frame.ethertype == ETHERTYPE_IPV4:
+                reply = self._input(frame.payload, None)
+                if reply is not None:
+                    await self._answer(reply)
+            elif frame.ethertype == ETHERTYPE_ARP:
+                try:
+                    arp = parse_arp(frame.payload)
+                except ArpFormatError as error:
+                    self._drop(f"arp_{error.kind.name.lower()}")
+                    continue
+                self.arp.receive(arp, trio.current_time())
+                await self._flush()
+            else:
+                self._drop("unknown_ethertype")
+
+
+@asynccontextmanager
+async def _run(stack: UNetIpStack | IpEtherStack) -> AsyncIterator[Any]:
+    body_error: BaseException | None = None
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stack._receive_loop, name="ip receive")
+        nursery.start_soon(stack._timer_loop, name="ip timers")
+        try:
+            yield stack
+        except BaseException as error:
+            # Re-raised below, outside the nursery, so the caller gets its own exception
+            # and not an ExceptionGroup wrapping it.
+            body_error = error
+        finally:
+            nursery.cancel_scope.cancel()
+            stack._close()
+    if body_error is not None:
+        raise body_error
+
+
+@register_layer
+class IpLayer(Layer):
+    """IPv4 over U-Net: one channel per peer, MTU 9 KB, no send fragmentation (paper 000 §7)."""
+
+    name = "ip"
+    requires = DatagramService
+    provides = IpService
+    Params = IpParams
+
+    params: IpParams
+
+    @asynccontextmanager
+    async def open(self, below: Service) -> AsyncIterator[UNetIpStack]:
+        """Run IP over ``below`` and yield its :class:`UNetIpStack`."""
+        if not isinstance(below, DatagramService):
+            raise AssemblyError(
+                f"layer 'ip' requires a 'datagram' service (DatagramService), got "
+                f"{type(below).__name__}"
+            )
+        for address, channel in self.params.peers.items():
+            if channel not in below.peers:
+                raise AssemblyError(
+                    f"layer 'ip': peer {address} is mapped to channel {channel}, which the "
+                    f"service below does not have (its peers: {list(below.peers)})"
+                )
+        async with _run(UNetIpStack(below, self.params)) as stack:
+            yield stack
+
+
+@register_layer
+class IpEtherLayer(Layer):
+    """IPv4 with ARP over Ethernet frames (a TAP device): real hosts can ping it."""
+
+    name = "ip-ether"
+    requires = FrameService
+    provides = IpService
+    Params = IpEtherParams
+
+    params: IpEtherParams
+
+    @asynccontextmanager
+    async def open(self, below: Service) -> AsyncIterator[IpEtherStack]:
+        """Run IP over ``below`` and yield its :class:`IpEtherStack`."""
+        if not isinstance(below, FrameService):
+            raise AssemblyError(
+                f"layer 'ip-ether' requires a 'frames' service (FrameService), got "
+                f"{type(below).__name__}"
+            )
+        async with _run(IpEtherStack(below, self.params)) as stack:
+            yield stack

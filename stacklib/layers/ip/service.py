@@ -1,0 +1,160 @@
+"""The service contracts of IP and UDP over U-Net, and the frame service IP runs over Ethernet.
+
+* :class:`FrameService`: whole Ethernet II frames to and from a link (a TAP device, an
+  AF_PACKET socket, a simulated wire).  IP's Ethernet mode (``"ip-ether"``) needs one.
+* :class:`IpService`: IPv4 for transports.  One IP instance carries every protocol above it
+  (paper 000 §7.1: "a single channel is used to carry all IP traffic between two
+  applications"), so transports do not receive from IP directly: each opens its
+  :class:`ProtocolEndpoint` with :meth:`IpService.open_protocol` and UDP and TCP share the
+  instance.
+* :class:`UdpService` and :class:`UdpSocket`: datagrams between (address, port) pairs.
+
+Addresses are dotted-quad strings (``"10.0.0.1"``), as Python's socket module uses them.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import TYPE_CHECKING
+
+import trio
+
+from stacklib.services import FrameService, Service  # FrameService: re-exported
+
+if TYPE_CHECKING:
+    from stacklib.sim.resources import Resource
+
+__all__ = [
+    "FrameService",
+    "IpService",
+    "ProtocolEndpoint",
+    "UdpService",
+    "UdpSocket",
+]
+
+_Buffer = bytes | bytearray | memoryview
+
+
+class ProtocolEndpoint(abc.ABC):
+    """One transport protocol's view of IP: the datagrams that carry its protocol number."""
+
+    protocol: int
+
+    @abc.abstractmethod
+    async def recv(self) -> tuple[str, str, bytes]:
+        """The next datagram as (source, destination, payload), fragments reassembled.
+
+        Raises :class:`trio.EndOfChannel` once IP is closed and the backlog is read.
+        """
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop receiving; the protocol number is free to open again."""
+
+    def __aiter__(self) -> ProtocolEndpoint:
+        return self
+
+    async def __anext__(self) -> tuple[str, str, bytes]:
+        try:
+            return await self.recv()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            raise StopAsyncIteration from None
+
+
+class IpService(Service):
+    """IPv4 datagrams to and from peers (RFC 791), for transport protocols."""
+
+    kind = "ip"
+
+    @property
+    @abc.abstractmethod
+    def address(self) -> str:
+        """This host's IPv4 address."""
+
+    @abc.abstractmethod
+    def mtu(self, peer: str) -> int:
+        """The largest IP packet (header included) :meth:`send` accepts for ``peer``.
+
+        IP never fragments on send (paper 000 §7.5), so a transport must fit its segments in
+        ``mtu(peer) - 20``.  Raises :class:`~stacklib.errors.LocalProtocolError` if ``peer``
+        is unreachable.
+        """
+
+    @abc.abstractmethod
+    async def send(
+        self, dst: str, protocol: int, payload: _Buffer, *, ttl: int | None = None
+    ) -> None:
+        """Send ``payload`` to ``dst`` as one unfragmented IP packet of ``protocol``.
+
+        Raises :class:`~stacklib.errors.LocalProtocolError` naming the MTU if the packet would
+        exceed ``mtu(dst)``, or if ``dst`` is unreachable.
+        """
+
+    @abc.abstractmethod
+    def open_protocol(self, protocol: int) -> ProtocolEndpoint:
+        """Start receiving ``protocol``; :class:`LocalProtocolError` if already open."""
+
+    @property
+    def modeled_cpu(self) -> Resource | None:
+        """The host CPU resource where the NI below models host costs, else None.
+
+        Transports charge their own modeled costs (copies, checksums) to it.
+        """
+        return None
+
+    @property
+    def modeled_copy_per_byte(self) -> float:
+        """Seconds per byte of a host memory copy where modeled (else 0.0)."""
+        return 0.0
+
+
+class UdpSocket(abc.ABC):
+    """A UDP port bound by :meth:`UdpService.bind`."""
+
+    @property
+    @abc.abstractmethod
+    def local_address(self) -> tuple[str, int]:
+        """(address, port) this socket is bound to."""
+
+    @abc.abstractmethod
+    async def sendto(self, data: _Buffer, address: tuple[str, int]) -> None:
+        """Send ``data`` as one datagram to (ip, port); never fragmented (paper 000 §7.5)."""
+
+    @abc.abstractmethod
+    async def recvfrom(self) -> tuple[bytes, tuple[str, int]]:
+        """The next datagram and its sender (ip, port)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Unbind; a waiting :meth:`recvfrom` raises :class:`trio.ClosedResourceError`."""
+
+    async def aclose(self) -> None:
+        self.close()
+        await trio.lowlevel.checkpoint()
+
+    async def __aenter__(self) -> UdpSocket:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+
+class UdpService(Service):
+    """UDP (RFC 768): ports over an :class:`IpService`."""
+
+    kind = "udp"
+
+    @abc.abstractmethod
+    async def bind(
+        self,
+        port: int = 0,
+        *,
+        rcvbuf_bytes: int | None = None,
+        rcvbuf_datagrams: int | None = None,
+        checksum: str | None = None,
+    ) -> UdpSocket:
+        """Bind ``port`` (0: a free ephemeral port) and return its socket.
+
+        ``rcvbuf_bytes`` / ``rcvbuf_datagrams`` size its receive buffer (paper 000 §7.3: by the
+        application, not the kernel); ``checksum`` overrides the layer's policy.
+        """
