@@ -1,0 +1,1476 @@
+"""The TCP connection (RFC 9293) as a sans-IO machine: no trio, no sockets, no clock.
+
+One :class:`TcpConnection` is one connection; :class:`TcpListener` turns SYNs arriving at a
+listening port into connections in SYN-RECEIVED.  The API has the aioquic shape (STYLE.md,
+habit 5): inputs take ``now`` (seconds, from the driver's clock) -- :meth:`~TcpConnection.connect`,
+:meth:`~TcpConnection.receive_segment`, :meth:`~TcpConnection.handle_timer`,
+:meth:`~TcpConnection.shutdown_write`, :meth:`~TcpConnection.abort`; the application's byte
+calls :meth:`~TcpConnection.send` and :meth:`~TcpConnection.read` need no time; outputs are
+pulled -- :meth:`~TcpConnection.segments_to_send` (wire-ready bytes, checksummed per policy),
+:meth:`~TcpConnection.next_event` and :meth:`~TcpConnection.get_timer`.
+
+What it does (docs/tcp-core.md has the details and what is deferred):
+
+* the RFC 9293 §3.3.2 state diagram, as data (:data:`TRANSITIONS`), incl. simultaneous open
+  and close; RST generation and processing per §3.10.7, with RFC 5961 blind-reset protection
+  (an RST is honoured only at exactly RCV.NXT; in-window RSTs and SYNs get a challenge ACK);
+* sequence numbers modulo 2**32 (:func:`seq_lt` and friends), the ISN from the caller;
+* MSS negotiation (RFC 9293 §3.7.1; 2048 by default, U-Net TCP's segment size, paper 000
+  §7.8); a receive window equal to the application's free buffer space (paper 000 §7.4) with
+  receiver SWS avoidance, Nagle and sender SWS avoidance (RFC 9293 §3.8.6.2);
+* RTO per RFC 6298 with clock granularity G (1 ms by default, paper 000 §7.8), Karn's
+  algorithm, exponential backoff, and an abort after ``max_retransmissions``;
+* slow start, congestion avoidance, fast retransmit / fast recovery (RFC 5681) with NewReno
+  partial ACKs (RFC 6582); zero-window probing with a backed-off persist timer (RFC 1122
+  §4.2.2.17); optional delayed ACK (off by default, paper 000 §7.8) and keepalive (RFC 1122
+  §4.2.3.6).
+
+Malformed or unacceptable input never raises: it is dropped and counted by :class:`DropReason`.
+Application calls that the state forbids raise :class:`~stacklib.errors.LocalProtocolError`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import TypeAlias
+
+import attrs
+
+from stacklib.errors import LocalProtocolError
+from stacklib.layers.tcp.wire import (
+    IPv4Address,
+    Segment,
+    TcpErrorKind,
+    TcpFlags,
+    TcpFormatError,
+    TcpOptions,
+    build,
+    parse,
+)
+
+__all__ = [
+    "TRANSITIONS",
+    "ChecksumPolicy",
+    "Closed",
+    "Connected",
+    "ConnectionAborted",
+    "ConnectionReset",
+    "DataReceived",
+    "DropReason",
+    "EndOfStream",
+    "Event",
+    "TcpConfig",
+    "TcpConnection",
+    "TcpListener",
+    "TcpState",
+    "TcpStatistics",
+    "Trigger",
+    "reset_for",
+    "seq_add",
+    "seq_diff",
+    "seq_geq",
+    "seq_gt",
+    "seq_leq",
+    "seq_lt",
+]
+
+# --- sequence arithmetic (RFC 9293 §3.4: all arithmetic is modulo 2**32) ------------------------
+
+SEQ_MOD = 1 << 32
+_MASK = SEQ_MOD - 1
+_HALF = 1 << 31
+
+
+def seq_add(a: int, n: int) -> int:
+    """``a + n`` modulo 2**32."""
+    return (a + n) & _MASK
+
+
+def seq_diff(a: int, b: int) -> int:
+    """``a - b`` as a signed distance in -2**31 .. 2**31 - 1 (the nearer way round)."""
+    return ((a - b + _HALF) & _MASK) - _HALF
+
+
+def seq_lt(a: int, b: int) -> bool:
+    """``a`` comes before ``b`` in sequence space."""
+    return seq_diff(a, b) < 0
+
+
+def seq_leq(a: int, b: int) -> bool:
+    """``a`` is ``b`` or comes before it."""
+    return seq_diff(a, b) <= 0
+
+
+def seq_gt(a: int, b: int) -> bool:
+    """``a`` comes after ``b``."""
+    return seq_diff(a, b) > 0
+
+
+def seq_geq(a: int, b: int) -> bool:
+    """``a`` is ``b`` or comes after it."""
+    return seq_diff(a, b) >= 0
+
+
+# --- states, triggers and the transition table ----------------------------------------------
+
+
+class TcpState(enum.Enum):
+    """The connection states of RFC 9293 §3.3.2."""
+
+    CLOSED = "CLOSED"
+    LISTEN = "LISTEN"
+    SYN_SENT = "SYN-SENT"
+    SYN_RECEIVED = "SYN-RECEIVED"
+    ESTABLISHED = "ESTABLISHED"
+    FIN_WAIT_1 = "FIN-WAIT-1"
+    FIN_WAIT_2 = "FIN-WAIT-2"
+    CLOSE_WAIT = "CLOSE-WAIT"
+    CLOSING = "CLOSING"
+    LAST_ACK = "LAST-ACK"
+    TIME_WAIT = "TIME-WAIT"
+
+
+class Trigger(enum.Enum):
+    """What moves a connection between states (the arcs of RFC 9293 Figure 5)."""
+
+    CONNECT = "active open"
+    RCV_SYN = "SYN received"
+    RCV_SYN_ACK = "SYN+ACK received"
+    RCV_ACK_OF_SYN = "ACK of our SYN received"
+    CLOSE = "application shut down writing"
+    RCV_FIN = "FIN received"
+    RCV_ACK_OF_FIN = "ACK of our FIN received"
+    TIMEOUT = "2*MSL timeout"
+    RESET = "RST received"
+    ABORT = "aborted"
+
+
+_S = TcpState
+_T = Trigger
+TRANSITIONS: Mapping[tuple[TcpState, Trigger], TcpState] = {
+    (_S.CLOSED, _T.CONNECT): _S.SYN_SENT,
+    (_S.LISTEN, _T.RCV_SYN): _S.SYN_RECEIVED,
+    (_S.SYN_SENT, _T.RCV_SYN): _S.SYN_RECEIVED,  # simultaneous open
+    (_S.SYN_SENT, _T.RCV_SYN_ACK): _S.ESTABLISHED,
+    (_S.SYN_SENT, _T.CLOSE): _S.CLOSED,
+    (_S.SYN_RECEIVED, _T.RCV_ACK_OF_SYN): _S.ESTABLISHED,
+    (_S.ESTABLISHED, _T.CLOSE): _S.FIN_WAIT_1,
+    (_S.ESTABLISHED, _T.RCV_FIN): _S.CLOSE_WAIT,
+    (_S.FIN_WAIT_1, _T.RCV_ACK_OF_FIN): _S.FIN_WAIT_2,
+    (_S.FIN_WAIT_1, _T.RCV_FIN): _S.CLOSING,  # simultaneous close
+    (_S.FIN_WAIT_2, _T.RCV_FIN): _S.TIME_WAIT,
+    (_S.CLOSE_WAIT, _T.CLOSE): _S.LAST_ACK,
+    (_S.CLOSING, _T.RCV_ACK_OF_FIN): _S.TIME_WAIT,
+    (_S.LAST_ACK, _T.RCV_ACK_OF_FIN): _S.CLOSED,
+    (_S.TIME_WAIT, _T.TIMEOUT): _S.CLOSED,
+    **{(s, _T.RESET): _S.CLOSED for s in _S if s not in (_S.CLOSED, _S.LISTEN)},
+    **{(s, _T.ABORT): _S.CLOSED for s in _S if s is not _S.CLOSED},
+}
+"""(state, trigger) -> next state: RFC 9293 Figure 5 as data; anything else is illegal."""
+
+# States in which our SYN has been acknowledged and both sequence spaces are known.
+_SYNCHRONIZED = frozenset(_S) - {_S.CLOSED, _S.LISTEN, _S.SYN_SENT, _S.SYN_RECEIVED}
+_RECEIVING = frozenset({_S.ESTABLISHED, _S.FIN_WAIT_1, _S.FIN_WAIT_2})  # peer may still send
+_SENDING = frozenset({_S.SYN_SENT, _S.SYN_RECEIVED, _S.ESTABLISHED, _S.CLOSE_WAIT})
+_KEEPALIVE = frozenset({_S.ESTABLISHED, _S.CLOSE_WAIT, _S.FIN_WAIT_2})
+
+
+# --- events ---------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Connected:
+    """The three-way handshake completed: the connection is ESTABLISHED."""
+
+
+@attrs.frozen(kw_only=True)
+class DataReceived:
+    """New in-order bytes arrived; ``available`` bytes can now be :meth:`~TcpConnection.read`."""
+
+    available: int
+
+
+@attrs.frozen(kw_only=True)
+class EndOfStream:
+    """The peer's FIN: after the bytes already received, the peer sends nothing more."""
+
+
+@attrs.frozen(kw_only=True)
+class ConnectionReset:
+    """The peer reset the connection (an acceptable RST; in SYN-SENT: connection refused)."""
+
+
+@attrs.frozen(kw_only=True)
+class ConnectionAborted:
+    """This end gave up on the connection; ``reason`` says why."""
+
+    reason: str
+
+
+@attrs.frozen(kw_only=True)
+class Closed:
+    """The connection reached CLOSED in an orderly way (or the application aborted it)."""
+
+
+Event: TypeAlias = (
+    Connected | DataReceived | EndOfStream | ConnectionReset | ConnectionAborted | Closed
+)
+
+
+# --- configuration and statistics -------------------------------------------------------------
+
+
+class ChecksumPolicy(enum.Enum):
+    """Where the TCP checksum is handled in software (STYLE.md, habit 3)."""
+
+    BOTH = "compute on send, verify on receive"
+    TX = "compute on send only"
+    RX = "verify on receive only"
+    NONE = "neither (offloaded, or protected below, e.g. by the AAL5 CRC)"
+
+
+class DropReason(enum.Enum):
+    """Why an incoming segment (or part of one) was not used."""
+
+    MALFORMED = "did not parse"
+    CHECKSUM = "checksum mismatch"
+    WRONG_PORT = "ports are not this connection's"
+    CLOSED = "connection is closed (answered with RST)"
+    OUT_OF_WINDOW = "sequence number not acceptable"
+    DUPLICATE = "data already received"
+    RST_IGNORED = "RST not acceptable"
+    CHALLENGED = "RST or SYN in window but not exact (challenge ACK sent, RFC 5961)"
+    BAD_ACK = "ACK of something not sent"
+    NO_ACK = "ACK bit off"
+    AFTER_FIN = "data after the peer's FIN"
+    NOT_SYN = "no SYN where one was required"
+
+
+@attrs.frozen(kw_only=True)
+class TcpConfig:
+    """Per-connection parameters; the defaults are U-Net TCP's (paper 000 §7.8).
+
+    Times are in seconds.  ``rto_min`` defaults to Linux's 200 ms rather than RFC 6298's 1 s:
+    with RTTs of 60-700 µs (paper 000 §7.8) a 1 s floor would waste the 1 ms granularity, and
+    200 ms still covers a Linux peer's delayed ACK.  ``delayed_ack`` None means acknowledge at
+    once (paper 000 §7.8); a number delays a lone segment's ACK by that much, and every second
+    segment is acknowledged at once.  ``initial_cwnd`` None uses RFC 5681 §3.1's rule.
+    """
+
+    mss: int = 2048
+    send_buffer: int = 8192
+    receive_buffer: int = 8192
+    clock_granularity: float = 1e-3
+    rto_initial: float = 1.0
+    rto_min: float = 0.2
+    rto_max: float = 60.0
+    max_retransmissions: int = 12
+    max_syn_retransmissions: int = 6
+    delayed_ack: float | None = None
+    nagle: bool = True
+    msl: float = 30.0
+    persist_max: float = 60.0
+    keepalive_idle: float | None = None
+    keepalive_interval: float = 75.0
+    keepalive_probes: int = 9
+    initial_cwnd: int | None = None
+    dupack_threshold: int = 3
+    checksum: ChecksumPolicy = ChecksumPolicy.BOTH
+
+    def __attrs_post_init__(self) -> None:
+        if not 1 <= self.mss <= 0xFFFF:
+            raise ValueError(f"mss must be in 1..65535, got {self.mss}")
+        for name in ("send_buffer", "receive_buffer", "max_syn_retransmissions"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("clock_granularity", "rto_initial", "rto_min", "rto_max", "msl"):
+            if not getattr(self, name) > 0:  # also rejects NaN
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.rto_min > self.rto_max:
+            raise ValueError(f"rto_min {self.rto_min} exceeds rto_max {self.rto_max}")
+        if self.delayed_ack is not None and not self.delayed_ack > 0:
+            raise ValueError(f"delayed_ack must be positive or None, got {self.delayed_ack}")
+        if self.keepalive_idle is not None and not self.keepalive_idle > 0:
+            raise ValueError(f"keepalive_idle must be positive or None, got {self.keepalive_idle}")
+        if self.max_retransmissions < 0 or self.keepalive_probes < 1:
+            raise ValueError("max_retransmissions must be >= 0 and keepalive_probes >= 1")
+        if self.dupack_threshold < 1:
+            raise ValueError(f"dupack_threshold must be >= 1, got {self.dupack_threshold}")
+
+
+@attrs.frozen(kw_only=True)
+class TcpStatistics:
+    """A snapshot of one connection's counters and estimators (paper 000 §7.4: the application
+    can see its retransmission counters and round-trip estimates)."""
+
+    state: TcpState
+    segments_in: int  #: segments received that parsed and matched the ports
+    segments_out: int  #: segments produced (incl. retransmissions, ACKs, RSTs)
+    bytes_sent: int  #: new payload bytes sent (first transmissions only)
+    bytes_received: int  #: payload bytes delivered in order
+    retransmissions: int  #: segments sent again (timeouts, fast and partial-ACK retransmits)
+    timeouts: int  #: retransmission timer expiries
+    fast_retransmits: int  #: entries into fast recovery
+    dup_acks: int  #: duplicate ACKs received (RFC 5681 §2)
+    zero_window_probes: int
+    keepalive_probes: int
+    challenge_acks: int
+    srtt: float | None  #: smoothed RTT (None before the first sample)
+    rttvar: float | None
+    rto: float
+    cwnd: int
+    ssthresh: int
+    snd_wnd: int  #: the peer's advertised window
+    rcv_wnd: int  #: the window this end advertises now
+    mss: int  #: effective send MSS
+    send_queued: int  #: bytes accepted by send() and not yet acknowledged
+    receive_queued: int  #: bytes received in order and not yet read
+    dropped: Mapping[DropReason, int]
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def reset_for(segment: Segment) -> Segment | None:
+    """The RST answering ``segment`` sent to a connection that does not exist (RFC 9293
+    §3.10.7.1), or None if ``segment`` is itself an RST (never answer an RST)."""
+    if segment.flags & TcpFlags.RST:
+        return None
+    if segment.flags & TcpFlags.ACK:
+        return Segment(
+            src_port=segment.dst_port,
+            dst_port=segment.src_port,
+            seq=segment.ack,
+            flags=TcpFlags.RST,
+        )
+    return Segment(
+        src_port=segment.dst_port,
+        dst_port=segment.src_port,
+        seq=0,
+        ack=seq_add(segment.seq, segment.seg_len),
+        flags=TcpFlags.RST | TcpFlags.ACK,
+    )
+
+
+_DEFAULT_MSS = 536  # RFC 9293 §3.7.1: assumed when the peer sends no MSS option
+_MAX_WINDOW = 0xFFFF  # no window scaling: the header field is the window
+_CWND_CAP = 1 << 30
+
+
+def _initial_window(mss: int) -> int:
+    """RFC 5681 §3.1, equation 1."""
+    if mss > 2190:
+        return 2 * mss
+    if mss > 1095:
+        return 3 * mss
+    return 4 * mss
+
+
+class TcpConnection:
+    """One TCP connection, sans-IO.
+
+    Create it for an active open and call :meth:`connect`, or get one from
+    :meth:`TcpListener.receive_segment` (or :meth:`accept`) for a passive open.  ``iss`` is the
+    initial send sequence number, chosen by the caller (RFC 9293 §3.4.1 wants it
+    unpredictable; simulations want it deterministic).  ``local_ip`` and ``remote_ip`` are used
+    only for the checksum's pseudo-header.
+    """
+
+    def __init__(
+        self,
+        *,
+        local_port: int,
+        remote_port: int,
+        iss: int,
+        config: TcpConfig | None = None,
+        local_ip: IPv4Address = 0,
+        remote_ip: IPv4Address = 0,
+    ) -> None:
+        for name, port in (("local_port", local_port), ("remote_port", remote_port)):
+            if not 0 <= port <= 0xFFFF:
+                raise ValueError(f"{name} must be in 0..65535, got {port}")
+        if not 0 <= iss <= _MASK:
+            raise ValueError(f"iss must be in 0..2**32-1, got {iss}")
+        cfg = config if config is not None else TcpConfig()
+        self.config = cfg
+        self.local_port = local_port
+        self.remote_port = remote_port
+        self.local_ip = local_ip
+        self.remote_ip = remote_ip
+        self._tx_sum = cfg.checksum in (ChecksumPolicy.BOTH, ChecksumPolicy.TX)
+        rx_sum = cfg.checksum in (ChecksumPolicy.BOTH, ChecksumPolicy.RX)
+        self._rx_addresses: tuple[IPv4Address, IPv4Address] | tuple[()] = (
+            (remote_ip, local_ip) if rx_sum else ()
+        )
+        self._state = TcpState.CLOSED
+        self._used = False  # a connection opens once
+        self._passive = False
+        # Send sequence space (RFC 9293 §3.3.1).
+        self._iss = iss
+        self._snd_una = iss
+        self._snd_nxt = iss
+        self._snd_max = iss  # highest sequence number sent + 1 (snd_nxt goes back on RTO)
+        self._snd_wnd = 0
+        self._snd_wl1 = 0
+        self._snd_wl2 = 0
+        self._max_snd_wnd = 0
+        self._sndbuf = bytearray()  # bytes from _sndbuf_seq: unacknowledged, then unsent
+        self._sndbuf_seq = seq_add(iss, 1)
+        self._fin_queued = False  # the application shut down writing
+        # Receive sequence space.
+        self._irs = 0
+        self._rcv_nxt = 0
+        self._rcv_adv = 0  # right edge of the window last advertised (never moves left)
+        self._rcvbuf = bytearray()  # in order, not yet read
+        self._ooo: dict[int, bytes] = {}  # out of order, within the window, by seq
+        self._ooo_fin: int | None = None  # seq of a FIN that arrived out of order
+        self._eff_mss = min(cfg.mss, _DEFAULT_MSS)
+        # RTT and RTO (RFC 6298).
+        self._srtt: float | None = None
+        self._rttvar: float | None = None
+        self._rto = cfg.rto_initial
+        self._rtt_seq: int | None = None  # the one timed sequence number (Karn: never a resend)
+        self._rtt_time = 0.0
+        self._retries = 0  # consecutive timeouts without progress
+        # Congestion control (RFC 5681, RFC 6582).
+        self._cwnd = 0
+        self._ssthresh = _CWND_CAP
+        self._dupacks = 0
+        self._in_recovery = False
+        self._recover = iss
+        self._first_partial = True
+        # Timers: absolute deadlines or None.
+        self._rtx_at: float | None = None
+        self._persist_at: float | None = None
+        self._persist_backoff = 0
+        self._force_send = False  # persist expiry with an open window: override SWS once
+        self._delack_at: float | None = None
+        self._keepalive_at: float | None = None
+        self._keepalive_sent = 0
+        self._timewait_at: float | None = None
+        # ACK scheduling.
+        self._ack_pending = False
+        self._unacked_segments = 0
+        # Outputs.
+        self._outbox: list[bytes] = []
+        self._events: deque[Event] = deque()
+        # Counters.
+        self._segments_in = self._segments_out = 0
+        self._bytes_sent = self._bytes_received = 0
+        self._retransmissions = self._timeouts = self._fast_retransmits = 0
+        self._dup_acks_in = self._zw_probes = self._ka_probes = self._challenge_acks = 0
+        self._dropped: dict[DropReason, int] = {}
+
+    def __repr__(self) -> str:
+        return (
+            f"<TcpConnection {self.local_port}->{self.remote_port} {self._state.value} "
+            f"una={self._snd_una} nxt={self._snd_nxt} rcv_nxt={self._rcv_nxt}>"
+        )
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def accept(
+        cls,
+        syn: Segment,
+        now: float,
+        *,
+        iss: int,
+        config: TcpConfig | None = None,
+        local_ip: IPv4Address = 0,
+        remote_ip: IPv4Address = 0,
+    ) -> TcpConnection:
+        """A connection in SYN-RECEIVED answering ``syn`` (a LISTEN's reaction, RFC 9293
+        §3.10.7.2); its SYN+ACK is ready in :meth:`segments_to_send`.  ``syn`` must carry SYN
+        and neither ACK nor RST (ValueError otherwise: the listener filters those)."""
+        if not syn.flags & TcpFlags.SYN or syn.flags & (TcpFlags.ACK | TcpFlags.RST):
+            raise ValueError(f"not an initial SYN: {syn}")
+        conn = cls(
+            local_port=syn.dst_port,
+            remote_port=syn.src_port,
+            iss=iss,
+            config=config,
+            local_ip=local_ip,
+            remote_ip=remote_ip,
+        )
+        conn._used = True
+        conn._passive = True
+        conn._state = TcpState.LISTEN
+        conn._segments_in += 1
+        conn._keepalive_touch(now)
+        conn._take_syn(syn)
+        conn._move(Trigger.RCV_SYN)
+        conn._output(now)
+        return conn
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def state(self) -> TcpState:
+        """The current RFC 9293 state."""
+        return self._state
+
+    @property
+    def send_room(self) -> int:
+        """How many bytes :meth:`send` accepts now (0 when sending is not allowed)."""
+        if self._state not in _SENDING or self._fin_queued:
+            return 0
+        return self.config.send_buffer - len(self._sndbuf)
+
+    @property
+    def readable(self) -> int:
+        """Bytes :meth:`read` can return now."""
+        return len(self._rcvbuf)
+
+    @property
+    def send_queued(self) -> int:
+        """Bytes accepted by :meth:`send` and not yet acknowledged by the peer."""
+        return len(self._sndbuf)
+
+    def _move(self, trigger: Trigger) -> None:
+        new = TRANSITIONS.get((self._state, trigger))
+        if new is None:
+            raise LocalProtocolError(f"TCP: {trigger.value} is not allowed in {self._state.value}")
+        self._state = new
+
+    def _illegal(self, call: str, why: str) -> LocalProtocolError:
+        return LocalProtocolError(f"TCP: {call} in state {self._state.value}: {why}")
+
+    # ------------------------------------------------------------------ application calls
+
+    def connect(self, now: float) -> None:
+        """Active open (RFC 9293 §3.10.1): send a SYN, enter SYN-SENT."""
+        if self._used:
+            raise self._illegal("connect()", "a connection opens only once")
+        self._used = True
+        self._keepalive_touch(now)
+        self._move(Trigger.CONNECT)
+        self._output(now)
+
+    def send(self, data: bytes | bytearray | memoryview) -> int:
+        """Queue bytes for the peer; returns how many were accepted (bounded by the send buffer's
+        free space, :attr:`send_room`).  Allowed in SYN-SENT, SYN-RECEIVED (queued until
+        ESTABLISHED), ESTABLISHED and CLOSE-WAIT, before :meth:`shutdown_write`."""
+        if self._state not in _SENDING:
+            raise self._illegal("send()", "the connection is not open for sending")
+        if self._fin_queued:
+            raise self._illegal("send()", "writing was shut down")
+        n = min(len(data), self.config.send_buffer - len(self._sndbuf))
+        if n > 0:
+            self._sndbuf += memoryview(data)[:n]  # a copy: the caller may reuse its buffer
+        return n
+
+    def read(self, max_bytes: int | None = None) -> bytes:
+        """Up to ``max_bytes`` (all if None) received bytes, in order.  Freeing buffer space
+        opens the window; an update is sent when the right edge can move by min(buffer / 2,
+        MSS) (receiver SWS avoidance, RFC 9293 §3.8.6.2.2)."""
+        if max_bytes is not None and max_bytes < 0:
+            raise ValueError(f"max_bytes must not be negative, got {max_bytes}")
+        n = len(self._rcvbuf) if max_bytes is None else min(max_bytes, len(self._rcvbuf))
+        if n == 0:
+            return b""
+        out = bytes(self._rcvbuf[:n])
+        del self._rcvbuf[:n]
+        if self._state in _RECEIVING and self._window_can_move():
+            self._ack_pending = True
+        return out
+
+    def shutdown_write(self, now: float) -> None:
+        """Send a FIN after the queued bytes (RFC 9293 §3.10.4, CLOSE).  In SYN-SENT the
+        connection is simply closed; in SYN-RECEIVED the FIN waits for ESTABLISHED."""
+        state = self._state
+        if self._fin_queued or state not in _SENDING:
+            raise self._illegal("shutdown_write()", "writing is already shut down or not open")
+        if state is TcpState.SYN_SENT:
+            self._move(Trigger.CLOSE)
+            self._finish(Closed())
+            return
+        self._fin_queued = True
+        if state is not TcpState.SYN_RECEIVED:
+            self._move(Trigger.CLOSE)
+        self._output(now)
+
+    def abort(self, now: float) -> None:
+        """Reset the connection (RFC 9293 §3.10.5, ABORT): send an RST if the peer knows the
+        connection, discard everything, enter CLOSED with a :class:`Closed` event.  A no-op in
+        CLOSED."""
+        if self._state is TcpState.CLOSED:
+            return
+        if self._state in (
+            TcpState.SYN_RECEIVED,
+            TcpState.ESTABLISHED,
+            TcpState.FIN_WAIT_1,
+            TcpState.FIN_WAIT_2,
+            TcpState.CLOSE_WAIT,
+        ):
+            self._emit(self._snd_nxt, TcpFlags.RST)
+        self._move(Trigger.ABORT)
+        self._finish(Closed())
+        self._rcvbuf.clear()
+
+    # ------------------------------------------------------------------ outputs
+
+    def segments_to_send(self, now: float) -> list[bytes]:
+        """The segments to transmit now, oldest first, as wire bytes; each is returned once."""
+        self._output(now)
+        out = self._outbox
+        self._outbox = []
+        return out
+
+    def next_event(self) -> Event | None:
+        """The next event for the application, or None."""
+        return self._events.popleft() if self._events else None
+
+    def get_timer(self) -> float | None:
+        """The earliest deadline at which :meth:`handle_timer` must be called, or None."""
+        deadline: float | None = None
+        for t in (
+            self._rtx_at,
+            self._persist_at,
+            self._delack_at,
+            self._keepalive_at,
+            self._timewait_at,
+        ):
+            if t is not None and (deadline is None or t < deadline):
+                deadline = t
+        return deadline
+
+    def statistics(self) -> TcpStatistics:
+        """A frozen snapshot of the counters and estimators."""
+        return TcpStatistics(
+            state=self._state,
+            segments_in=self._segments_in,
+            segments_out=self._segments_out,
+            bytes_sent=self._bytes_sent,
+            bytes_received=self._bytes_received,
+            retransmissions=self._retransmissions,
+            timeouts=self._timeouts,
+            fast_retransmits=self._fast_retransmits,
+            dup_acks=self._dup_acks_in,
+            zero_window_probes=self._zw_probes,
+            keepalive_probes=self._ka_probes,
+            challenge_acks=self._challenge_acks,
+            srtt=self._srtt,
+            rttvar=self._rttvar,
+            rto=self._rto,
+            cwnd=self._cwnd,
+            ssthresh=self._ssthresh,
+            snd_wnd=self._snd_wnd,
+            rcv_wnd=self._rcv_window(),
+            mss=self._eff_mss,
+            send_queued=len(self._sndbuf),
+            receive_queued=len(self._rcvbuf),
+            dropped=dict(self._dropped),
+        )
+
+    # ------------------------------------------------------------------ timers
+
+    def handle_timer(self, now: float) -> None:
+        """Act on every timer that has expired at ``now`` (others are left alone)."""
+        if self._timewait_at is not None and now >= self._timewait_at:
+            self._move(Trigger.TIMEOUT)
+            self._finish(Closed())
+            return
+        if self._rtx_at is not None and now >= self._rtx_at:
+            self._on_rto(now)
+            if self._state is TcpState.CLOSED:
+                return
+        if self._persist_at is not None and now >= self._persist_at:
+            self._on_persist(now)
+        if self._delack_at is not None and now >= self._delack_at:
+            self._delack_at = None
+            self._ack_pending = True
+        if self._keepalive_at is not None and now >= self._keepalive_at:
+            self._on_keepalive(now)
+        if self._state is not TcpState.CLOSED:
+            self._output(now)
+
+    def _on_rto(self, now: float) -> None:
+        """RFC 6298 §5.4-5.7, RFC 5681 §3.1 (eq. 4), RFC 6582 §3.2 step 4."""
+        self._rtx_at = None
+        synchronized = self._state in _SYNCHRONIZED
+        if synchronized and self._snd_una == self._snd_max:
+            return  # nothing outstanding (a stale timer)
+        limit = (
+            self.config.max_retransmissions if synchronized else self.config.max_syn_retransmissions
+        )
+        if self._retries >= limit:
+            self._finish(
+                ConnectionAborted(reason=f"no acknowledgment after {self._retries} retransmissions")
+            )
+            self._move_closed()
+            return
+        self._retries += 1
+        self._timeouts += 1
+        if synchronized:
+            if self._retries == 1:  # later timeouts of the same data keep ssthresh (RFC 5681)
+                self._ssthresh = max(self._flight() // 2, 2 * self._eff_mss)
+            self._cwnd = self._eff_mss  # the loss window
+            self._in_recovery = False
+            self._dupacks = 0
+            self._recover = self._snd_max
+        self._rto = min(self._rto * 2, self.config.rto_max)
+        self._rtt_seq = None  # Karn: the timed segment is being resent
+        self._retransmit_head(now)
+        self._rtx_at = now + self._rto
+
+    def _on_persist(self, now: float) -> None:
+        """Zero-window probe (RFC 9293 §3.8.6.1, RFC 1122 §4.2.2.17), Linux style: a segment
+        one below SND.NXT with no data, which any receiver answers with an ACK and its window.
+        With a window open but too small for SWS avoidance, send what fits instead."""
+        self._persist_at = None
+        if self._usable() > 0:
+            self._force_send = True
+            return
+        self._zw_probes += 1
+        self._emit(seq_add(self._snd_nxt, -1), TcpFlags.ACK)
+        self._persist_backoff += 1
+        self._persist_at = now + self._persist_interval()
+
+    def _persist_interval(self) -> float:
+        return min(self._rto * (1 << min(self._persist_backoff, 30)), self.config.persist_max)
+
+    def _on_keepalive(self, now: float) -> None:
+        """RFC 1122 §4.2.3.6: after ``keepalive_idle`` of silence, probe; after
+        ``keepalive_probes`` unanswered probes, abort."""
+        cfg = self.config
+        self._keepalive_at = None
+        if self._state not in _KEEPALIVE or cfg.keepalive_idle is None:
+            return
+        if self._snd_una != self._snd_max:  # retransmission covers liveness for now
+            self._keepalive_at = now + cfg.keepalive_idle
+            return
+        if self._keepalive_sent >= cfg.keepalive_probes:
+            self._finish(ConnectionAborted(reason="keepalive: the peer stopped answering"))
+            self._move_closed()
+            return
+        self._keepalive_sent += 1
+        self._ka_probes += 1
+        self._emit(seq_add(self._snd_nxt, -1), TcpFlags.ACK)
+        self._keepalive_at = now + cfg.keepalive_interval
+
+    def _keepalive_touch(self, now: float) -> None:
+        self._keepalive_sent = 0
+        idle = self.config.keepalive_idle
+        self._keepalive_at = None if idle is None or self._state not in _KEEPALIVE else now + idle
+
+    # ------------------------------------------------------------------ input
+
+    def receive_segment(self, segment: bytes | bytearray | memoryview, now: float) -> None:
+        """Feed one segment (TCP header and payload, as IP delivered it).  Never raises on bad
+        input: malformed and unacceptable segments are dropped and counted."""
+        try:
+            seg = parse(segment, *self._rx_addresses)
+        except TcpFormatError as exc:
+            self._drop(
+                DropReason.CHECKSUM if exc.kind is TcpErrorKind.CHECKSUM else DropReason.MALFORMED
+            )
+            return
+        if seg.src_port != self.remote_port or seg.dst_port != self.local_port:
+            self._drop(DropReason.WRONG_PORT)
+            return
+        self._segments_in += 1
+        state = self._state
+        if state is TcpState.CLOSED or state is TcpState.LISTEN:
+            self._drop(DropReason.CLOSED)
+            reply = reset_for(seg)
+            if reply is not None:
+                self._emit_segment(reply)
+            return
+        if state in _KEEPALIVE:
+            self._keepalive_touch(now)
+        if state is TcpState.SYN_SENT:
+            self._on_syn_sent(seg, now)
+        else:
+            self._on_synchronized(seg, now)
+
+    def _on_syn_sent(self, seg: Segment, now: float) -> None:
+        """RFC 9293 §3.10.7.3."""
+        flags = seg.flags
+        if flags & TcpFlags.ACK and (seq_leq(seg.ack, self._iss) or seq_gt(seg.ack, self._snd_max)):
+            self._drop(DropReason.BAD_ACK)
+            if not flags & TcpFlags.RST:
+                self._emit_segment(
+                    Segment(
+                        src_port=self.local_port,
+                        dst_port=self.remote_port,
+                        seq=seg.ack,
+                        flags=TcpFlags.RST,
+                    )
+                )
+            return
+        if flags & TcpFlags.RST:
+            if flags & TcpFlags.ACK:  # acceptable ACK (checked above): connection refused
+                self._move(Trigger.RESET)
+                self._finish(ConnectionReset())
+            else:
+                self._drop(DropReason.RST_IGNORED)
+            return
+        if not flags & TcpFlags.SYN:
+            self._drop(DropReason.NOT_SYN)
+            return
+        self._take_syn(seg)
+        if flags & TcpFlags.ACK:
+            self._snd_una = seg.ack
+            self._on_syn_acked(now)
+            self._snd_wnd = seg.window
+            self._max_snd_wnd = max(self._max_snd_wnd, seg.window)
+            self._snd_wl1, self._snd_wl2 = seg.seq, seg.ack
+            self._move(Trigger.RCV_SYN_ACK)
+            self._established(now)
+            self._ack_pending = True
+            # Data carried on the SYN is not taken (it is not acknowledged, so it comes again).
+        else:
+            # Simultaneous open: answer SYN+ACK with our ISS (RFC 9293 §3.5, Figure 8).
+            self._move(Trigger.RCV_SYN)
+            self._send_syn(now, retransmission=False)
+
+    def _take_syn(self, seg: Segment) -> None:
+        """Record the peer's ISN, MSS and initial window from its SYN."""
+        self._irs = seg.seq
+        self._rcv_nxt = seq_add(seg.seq, 1)
+        self._rcv_adv = seq_add(self._rcv_nxt, self._free_space())
+        peer_mss = seg.options.mss if seg.options.mss else _DEFAULT_MSS
+        self._eff_mss = max(1, min(self.config.mss, peer_mss))
+        self._snd_wnd = seg.window
+        self._max_snd_wnd = max(self._max_snd_wnd, seg.window)
+        self._snd_wl1 = seg.seq
+
+    def _on_syn_acked(self, now: float) -> None:
+        """Our SYN is acknowledged: an RTT sample unless it was resent, the window starts."""
+        if self._rtt_seq is not None:
+            self._rtt_sample(now - self._rtt_time)
+            self._rtt_seq = None
+        self._retries = 0
+        self._rtx_at = None
+        if self._snd_nxt == self._iss or seq_lt(self._snd_nxt, self._snd_una):
+            self._snd_nxt = self._snd_una
+        cfg = self.config
+        iw = _initial_window(self._eff_mss)
+        if cfg.initial_cwnd is not None:
+            iw = cfg.initial_cwnd * self._eff_mss
+        # RFC 5681 §3.1: after a lost SYN the initial window is one segment.
+        self._cwnd = self._eff_mss if self._timeouts else iw
+        self._recover = self._iss
+
+    def _established(self, now: float) -> None:
+        self._events.append(Connected())
+        self._keepalive_touch(now)
+        if self._fin_queued:  # shutdown_write() in SYN-RECEIVED, RFC 9293 §3.10.4
+            self._move(Trigger.CLOSE)
+
+    def _on_synchronized(self, seg: Segment, now: float) -> None:
+        """RFC 9293 §3.10.7.4, for SYN-RECEIVED and the synchronized states."""
+        flags = seg.flags
+        seq = seg.seq
+        wnd = self._rcv_window()
+        state = self._state
+        # RST first, with RFC 5961 §3.2: only an exact match resets; an in-window RST is
+        # answered with a challenge ACK (a real peer then sends an exact RST); others dropped.
+        if flags & TcpFlags.RST:
+            if seq == self._rcv_nxt:
+                self._reset_by_peer()
+            elif 0 <= seq_diff(seq, self._rcv_nxt) < max(wnd, 1):
+                self._challenge_ack()
+            else:
+                self._drop(DropReason.RST_IGNORED)
+            return
+        if (
+            state is TcpState.SYN_RECEIVED
+            and flags & TcpFlags.SYN
+            and not flags & TcpFlags.ACK
+            and seq == self._irs
+        ):
+            # The peer resent its SYN: our SYN+ACK was lost.  Answer it again.
+            self._send_syn(now)
+            return
+        if not self._acceptable(seg, wnd):
+            if seq_leq(seq_add(seq, seg.seg_len), self._rcv_nxt) and seg.seg_len:
+                self._drop(DropReason.DUPLICATE)
+            else:
+                self._drop(DropReason.OUT_OF_WINDOW)
+            if state is TcpState.TIME_WAIT and flags & TcpFlags.FIN:
+                self._timewait_at = now + 2 * self.config.msl  # a resent FIN restarts 2*MSL
+            self._send_ack()
+            return
+        if flags & TcpFlags.SYN:
+            self._challenge_ack()  # RFC 5961 §4: a SYN in a synchronized state
+            return
+        if not flags & TcpFlags.ACK:
+            self._drop(DropReason.NO_ACK)
+            return
+        ack = seg.ack
+        if state is TcpState.SYN_RECEIVED:
+            if seq_lt(self._snd_una, ack) and seq_leq(ack, self._snd_max):
+                self._snd_una = ack
+                self._on_syn_acked(now)
+                self._snd_wnd = seg.window
+                self._max_snd_wnd = max(self._max_snd_wnd, seg.window)
+                self._snd_wl1, self._snd_wl2 = seq, ack
+                self._move(Trigger.RCV_ACK_OF_SYN)
+                self._established(now)
+            else:
+                self._drop(DropReason.BAD_ACK)
+                self._emit_segment(
+                    Segment(
+                        src_port=self.local_port,
+                        dst_port=self.remote_port,
+                        seq=ack,
+                        flags=TcpFlags.RST,
+                    )
+                )
+                return
+        elif not self._on_ack(seg, now):
+            return
+        if self._state is TcpState.CLOSED:
+            return
+        self._on_text(seg, now)
+
+    def _acceptable(self, seg: Segment, wnd: int) -> bool:
+        """The four cases of RFC 9293 §3.10.7.4, with Linux's allowance: at a zero window, a
+        segment at exactly RCV.NXT is taken for its ACK (and a bare FIN) and its data dropped."""
+        rel = seq_diff(seg.seq, self._rcv_nxt)
+        length = seg.seg_len
+        if wnd == 0:
+            return rel == 0
+        if length == 0:
+            return 0 <= rel < wnd
+        end = rel + length - 1
+        return (0 <= rel < wnd) or (0 <= end < wnd)
+
+    def _on_ack(self, seg: Segment, now: float) -> bool:
+        """The ACK field in a synchronized state (RFC 9293 §3.10.7.4 fifth, RFC 5681, RFC
+        6582).  False if the segment must be dropped."""
+        ack = seg.ack
+        if seq_gt(ack, self._snd_max):
+            self._drop(DropReason.BAD_ACK)
+            self._send_ack()
+            return False
+        old_una = self._snd_una
+        if seq_gt(ack, old_una):
+            self._on_new_ack(ack, now)
+        elif (
+            ack == old_una
+            and self._snd_una != self._snd_max
+            and not seg.payload
+            and not seg.flags & (TcpFlags.SYN | TcpFlags.FIN)
+            and seg.window == self._snd_wnd
+        ):
+            self._on_dup_ack(now)
+        # Window update (RFC 9293 §3.10.7.4): only from a segment newer than the last one used.
+        if seq_leq(old_una, ack) and (
+            seq_lt(self._snd_wl1, seg.seq)
+            or (self._snd_wl1 == seg.seq and seq_leq(self._snd_wl2, ack))
+        ):
+            if seg.window > self._snd_wnd:
+                self._persist_backoff = 0
+            self._snd_wnd = seg.window
+            self._max_snd_wnd = max(self._max_snd_wnd, seg.window)
+            self._snd_wl1, self._snd_wl2 = seg.seq, ack
+        if self._state is TcpState.CLOSED:
+            return False
+        fin_acked = self._fin_queued and self._snd_una == seq_add(self._fin_seq(), 1)
+        state = self._state
+        if fin_acked:
+            if state is TcpState.FIN_WAIT_1:
+                self._move(Trigger.RCV_ACK_OF_FIN)
+                self._keepalive_touch(now)
+            elif state is TcpState.CLOSING:
+                self._move(Trigger.RCV_ACK_OF_FIN)
+                self._enter_time_wait(now)
+            elif state is TcpState.LAST_ACK:
+                self._move(Trigger.RCV_ACK_OF_FIN)
+                self._finish(Closed())
+                return False
+        return True
+
+    def _on_new_ack(self, ack: int, now: float) -> None:
+        acked = seq_diff(ack, self._snd_una)
+        if self._rtt_seq is not None and seq_gt(ack, self._rtt_seq):
+            self._rtt_sample(now - self._rtt_time)
+            self._rtt_seq = None
+        # Drop acknowledged bytes from the send buffer (the FIN is not in it).
+        n = min(max(seq_diff(ack, self._sndbuf_seq), 0), len(self._sndbuf))
+        if n:
+            del self._sndbuf[:n]
+            self._sndbuf_seq = seq_add(self._sndbuf_seq, n)
+        self._snd_una = ack
+        if seq_lt(self._snd_nxt, ack):
+            self._snd_nxt = ack
+        self._retries = 0
+        mss = self._eff_mss
+        if self._in_recovery:
+            if seq_geq(ack, self._recover):
+                # Full ACK (RFC 6582 §3.2 step 3): deflate to min(ssthresh, FlightSize + SMSS).
+                self._cwnd = min(self._ssthresh, max(self._flight(), mss) + mss)
+                self._in_recovery = False
+                self._dupacks = 0
+            else:
+                # Partial ACK: resend the next hole, deflate by the amount acked, add one SMSS
+                # back if that was at least one SMSS; restart the timer on the first only.
+                self._retransmit_head(now)
+                self._cwnd = max(self._cwnd - acked + (mss if acked >= mss else 0), mss)
+                if self._first_partial:
+                    self._first_partial = False
+                    self._rtx_at = now + self._rto
+                return
+        else:
+            self._dupacks = 0
+            if self._cwnd < self._ssthresh:
+                self._cwnd += min(acked, mss)  # slow start (RFC 5681 eq. 2)
+            else:
+                self._cwnd += max(1, mss * mss // self._cwnd)  # congestion avoidance (eq. 3)
+            self._cwnd = min(self._cwnd, _CWND_CAP)
+        # RFC 6298 §5.2-5.3: stop the timer when all is acknowledged, else restart it.
+        self._rtx_at = None if self._snd_una == self._snd_max else now + self._rto
+
+    def _on_dup_ack(self, now: float) -> None:
+        """RFC 5681 §3.2 with RFC 6582 §3.2 step 2 (no new recovery before ``recover``)."""
+        self._dup_acks_in += 1
+        self._dupacks += 1
+        mss = self._eff_mss
+        if self._in_recovery:
+            self._cwnd = min(self._cwnd + mss, _CWND_CAP)  # inflate per extra dup ACK
+            return
+        if self._dupacks == self.config.dupack_threshold and seq_geq(self._snd_una, self._recover):
+            self._fast_retransmits += 1
+            self._ssthresh = max(self._flight() // 2, 2 * mss)
+            self._recover = self._snd_max
+            self._in_recovery = True
+            self._first_partial = True
+            self._rtt_seq = None  # Karn
+            self._retransmit_head(now)
+            self._cwnd = self._ssthresh + self.config.dupack_threshold * mss
+
+    def _on_text(self, seg: Segment, now: float) -> None:
+        """Segment text and FIN (RFC 9293 §3.10.7.4 seventh and eighth)."""
+        payload = seg.payload
+        fin = bool(seg.flags & TcpFlags.FIN)
+        if not payload and not fin:
+            return
+        if self._state not in _RECEIVING:
+            # The peer's FIN already arrived: nothing can follow it (RFC 9293 §3.10.7.4).
+            if payload:
+                self._drop(DropReason.AFTER_FIN)
+            self._send_ack()
+            return
+        seq = seg.seq
+        # Trim to the window: what precedes RCV.NXT, and what runs past the advertised edge.
+        head = seq_diff(self._rcv_nxt, seq)
+        if head > 0:
+            if head > len(payload):  # the FIN too was seen already
+                self._send_ack()
+                return
+            payload = payload[head:]
+            seq = self._rcv_nxt
+        room = seq_diff(self._rcv_adv, seq)
+        if len(payload) > room:
+            payload = payload[: max(room, 0)]
+            fin = False
+            self._ack_pending = True  # tell the sender what was taken
+        if seq != self._rcv_nxt:
+            # Out of order: keep it for later, and send a duplicate ACK at once (RFC 5681 §4.2)
+            # so the sender can count three of them.
+            if payload and len(payload) > len(self._ooo.get(seq, b"")):
+                self._ooo[seq] = payload
+            if fin:
+                self._ooo_fin = seq_add(seq, len(payload))
+            self._send_ack()
+            return
+        filled_gap = bool(self._ooo)
+        before = self._bytes_received
+        if payload:
+            self._deliver(payload)
+        if not fin and self._ooo:
+            self._drain_ooo()
+            fin = self._ooo_fin is not None and self._ooo_fin == self._rcv_nxt
+        if self._bytes_received != before:
+            self._events.append(DataReceived(available=len(self._rcvbuf)))
+        if fin:
+            self._on_fin(now)
+            return
+        if filled_gap or self.config.delayed_ack is None:
+            self._ack_pending = True
+        else:
+            self._unacked_segments += 1
+            if self._unacked_segments >= 2:  # RFC 5681 §4.2: ACK at least every 2nd segment
+                self._ack_pending = True
+            elif self._delack_at is None:
+                self._delack_at = now + self.config.delayed_ack
+
+    def _deliver(self, payload: bytes) -> None:
+        self._rcvbuf += payload
+        self._rcv_nxt = seq_add(self._rcv_nxt, len(payload))
+        self._bytes_received += len(payload)
+
+    def _drain_ooo(self) -> None:
+        progressed = True
+        while progressed and self._ooo:
+            progressed = False
+            for start in list(self._ooo):
+                data = self._ooo[start]
+                end = seq_add(start, len(data))
+                if seq_leq(end, self._rcv_nxt):
+                    del self._ooo[start]
+                elif seq_leq(start, self._rcv_nxt):
+                    del self._ooo[start]
+                    self._deliver(data[seq_diff(self._rcv_nxt, start) :])
+                    progressed = True
+
+    def _on_fin(self, now: float) -> None:
+        self._ooo.clear()
+        self._ooo_fin = None
+        self._rcv_nxt = seq_add(self._rcv_nxt, 1)
+        self._ack_pending = True
+        self._events.append(EndOfStream())
+        state = self._state
+        self._move(Trigger.RCV_FIN)
+        if self._state is TcpState.TIME_WAIT:
+            self._enter_time_wait(now)
+        elif state is TcpState.ESTABLISHED:
+            self._keepalive_touch(now)
+
+    def _enter_time_wait(self, now: float) -> None:
+        self._rtx_at = self._persist_at = self._delack_at = self._keepalive_at = None
+        self._timewait_at = now + 2 * self.config.msl
+
+    def _reset_by_peer(self) -> None:
+        """An acceptable RST (RFC 9293 §3.10.7.4 second)."""
+        event: Event = Closed() if self._state is TcpState.TIME_WAIT else ConnectionReset()
+        self._move(Trigger.RESET)
+        self._finish(event)
+
+    def _move_closed(self) -> None:
+        if self._state is not TcpState.CLOSED:
+            self._move(Trigger.ABORT)
+
+    def _finish(self, event: Event) -> None:
+        """Enter CLOSED (already moved, or moved by the caller after) and discard everything."""
+        self._events.append(event)
+        self._rtx_at = self._persist_at = self._delack_at = None
+        self._keepalive_at = self._timewait_at = None
+        self._sndbuf.clear()
+        self._ooo.clear()
+        self._ooo_fin = None
+        self._ack_pending = False
+        if not isinstance(event, Closed):
+            self._rcvbuf.clear()
+
+    # ------------------------------------------------------------------ RTT (RFC 6298 §2)
+
+    def _rtt_sample(self, r: float) -> None:
+        cfg = self.config
+        r = max(r, 0.0)
+        if self._srtt is None or self._rttvar is None:
+            self._srtt = r
+            self._rttvar = r / 2
+        else:
+            self._rttvar = 0.75 * self._rttvar + 0.25 * abs(self._srtt - r)
+            self._srtt = 0.875 * self._srtt + 0.125 * r
+        rto = self._srtt + max(cfg.clock_granularity, 4 * self._rttvar)
+        self._rto = min(max(rto, cfg.rto_min), cfg.rto_max)
+
+    # ------------------------------------------------------------------ output engine
+
+    def _free_space(self) -> int:
+        return min(max(self.config.receive_buffer - len(self._rcvbuf), 0), _MAX_WINDOW)
+
+    def _rcv_window(self) -> int:
+        if self._state in (TcpState.CLOSED, TcpState.LISTEN, TcpState.SYN_SENT):
+            return 0
+        return max(seq_diff(self._rcv_adv, self._rcv_nxt), 0)
+
+    def _window_can_move(self) -> bool:
+        edge = seq_add(self._rcv_nxt, self._free_space())
+        threshold = min(self.config.receive_buffer // 2, self._eff_mss)
+        return seq_diff(edge, self._rcv_adv) >= max(threshold, 1)
+
+    def _advertise(self) -> int:
+        """The window to put in a segment: the right edge moves only by min(buffer / 2, MSS)
+        or more (receiver SWS avoidance) and never moves left (RFC 9293 §3.8.6.2.2)."""
+        if self._window_can_move():
+            self._rcv_adv = seq_add(self._rcv_nxt, self._free_space())
+        return min(max(seq_diff(self._rcv_adv, self._rcv_nxt), 0), _MAX_WINDOW)
+
+    def _flight(self) -> int:
+        return seq_diff(self._snd_max, self._snd_una)
+
+    def _usable(self) -> int:
+        outstanding = seq_diff(self._snd_nxt, self._snd_una)
+        return min(self._snd_wnd, self._cwnd) - outstanding
+
+    def _fin_seq(self) -> int:
+        return seq_add(self._sndbuf_seq, len(self._sndbuf))
+
+    def _output(self, now: float) -> None:
+        """Send what the state, the windows, Nagle and SWS avoidance allow, then any ACK owed."""
+        state = self._state
+        if state is TcpState.CLOSED or state is TcpState.LISTEN:
+            return
+        if state is TcpState.SYN_SENT or state is TcpState.SYN_RECEIVED:
+            if self._snd_nxt == self._iss:
+                self._send_syn(now)
+            return
+        if state is not TcpState.TIME_WAIT:
+            self._send_data(now)
+        if self._ack_pending:
+            self._send_ack()
+        self._update_persist(now)
+
+    def _send_syn(self, now: float, *, retransmission: bool = True) -> None:
+        resend = self._snd_max != self._iss
+        flags = TcpFlags.SYN
+        if self._state is TcpState.SYN_RECEIVED:
+            flags |= TcpFlags.ACK
+        self._emit(self._iss, flags, options=TcpOptions(mss=self.config.mss))
+        self._snd_nxt = self._snd_max = seq_add(self._iss, 1)
+        if resend:
+            self._retransmissions += retransmission
+            self._rtt_seq = None  # Karn
+        elif self._rtt_seq is None:
+            self._rtt_seq, self._rtt_time = self._iss, now
+        if self._rtx_at is None:
+            self._rtx_at = now + self._rto
+
+    def _send_data(self, now: float) -> None:
+        cfg = self.config
+        mss = self._eff_mss
+        fin_seq = self._fin_seq()
+        while True:
+            unsent = seq_diff(fin_seq, self._snd_nxt)
+            if unsent > 0:
+                size = min(mss, unsent, self._usable())
+                if size <= 0:
+                    break
+                resend = seq_lt(self._snd_nxt, self._snd_max)
+                if not resend and size < mss and not self._force_send:
+                    # Sender SWS avoidance and Nagle (RFC 9293 §3.8.6.2.1, RFC 1122 4.2.3.4):
+                    # a short segment only if it empties the queue and nothing is in flight
+                    # (or Nagle is off, or the FIN goes with it), or if it is half the largest
+                    # window the peer offered.
+                    tail_ok = size == unsent and (
+                        not cfg.nagle or self._snd_una == self._snd_max or self._fin_queued
+                    )
+                    if not tail_ok and not (self._max_snd_wnd and size >= self._max_snd_wnd // 2):
+                        break
+                self._force_send = False
+                fin = self._fin_queued and size == unsent
+                self._send_range(self._snd_nxt, size, fin, now)
+                self._snd_nxt = seq_add(self._snd_nxt, size + fin)
+                if seq_gt(self._snd_nxt, self._snd_max):
+                    self._snd_max = self._snd_nxt
+                if fin:
+                    break
+            elif unsent == 0 and self._fin_queued:
+                # A bare FIN (first time or resent after go-back-N); like Linux, not held back
+                # by a zero window (it carries no data).
+                self._send_range(self._snd_nxt, 0, True, now)
+                self._snd_nxt = seq_add(self._snd_nxt, 1)
+                if seq_gt(self._snd_nxt, self._snd_max):
+                    self._snd_max = self._snd_nxt
+                break
+            else:
+                break
+        self._force_send = False
+
+    def _send_range(self, seq: int, size: int, fin: bool, now: float) -> None:
+        """Emit data ``seq .. seq + size`` (and a FIN): a first transmission or a resend."""
+        start = seq_diff(seq, self._sndbuf_seq)
+        payload = bytes(self._sndbuf[start : start + size])
+        flags = TcpFlags.ACK
+        if payload and start + size == len(self._sndbuf):
+            flags |= TcpFlags.PSH
+        if fin:
+            flags |= TcpFlags.FIN
+        if seq_lt(seq, self._snd_max):
+            self._retransmissions += 1
+            self._rtt_seq = None  # Karn: no sample from anything resent
+        else:
+            self._bytes_sent += size
+            if self._rtt_seq is None:
+                self._rtt_seq, self._rtt_time = seq, now
+        self._emit(seq, flags, payload)
+        if self._rtx_at is None:
+            self._rtx_at = now + self._rto
+
+    def _retransmit_head(self, now: float) -> None:
+        """Resend the first unacknowledged segment whatever the windows (RFC 5681 §3.2 step 2,
+        RFC 6298 §5.4); then go back: SND.NXT continues after it (go-back-N)."""
+        if self._state is TcpState.SYN_SENT or self._state is TcpState.SYN_RECEIVED:
+            self._snd_nxt = self._iss
+            self._send_syn(now)
+            return
+        if self._snd_una == self._snd_max:
+            return
+        una = self._snd_una
+        remaining = seq_diff(self._fin_seq(), una)
+        size = min(self._eff_mss, max(remaining, 0))
+        fin = self._fin_queued and size == remaining
+        self._send_range(una, size, fin, now)
+        if not self._in_recovery:
+            # After a timeout: go back, the rest follows as the reset cwnd allows (go-back-N).
+            self._snd_nxt = seq_add(una, size + fin)
+
+    def _update_persist(self, now: float) -> None:
+        """Run the persist timer while data waits, nothing is in flight and nothing could be
+        sent (a zero window, or one too small for SWS avoidance)."""
+        waiting = seq_diff(self._fin_seq(), self._snd_nxt) > 0
+        if waiting and self._snd_una == self._snd_max and self._rtx_at is None:
+            if self._persist_at is None:
+                self._persist_at = now + self._persist_interval()
+        else:
+            self._persist_at = None
+            if self._snd_wnd > 0:
+                self._persist_backoff = 0
+
+    def _send_ack(self) -> None:
+        self._emit(self._snd_nxt, TcpFlags.ACK)
+
+    def _challenge_ack(self) -> None:
+        self._drop(DropReason.CHALLENGED)
+        self._challenge_acks += 1
+        self._send_ack()
+
+    def _emit(
+        self,
+        seq: int,
+        flags: TcpFlags,
+        payload: bytes = b"",
+        options: TcpOptions | None = None,
+    ) -> None:
+        ack = 0
+        window = 0
+        if flags & TcpFlags.ACK:
+            ack = self._rcv_nxt
+            window = self._advertise()
+            self._ack_pending = False
+            self._delack_at = None
+            self._unacked_segments = 0
+        elif not flags & TcpFlags.RST:
+            window = (
+                self._advertise() if self._state is not TcpState.SYN_SENT else self._free_space()
+            )
+        segment = Segment(
+            src_port=self.local_port,
+            dst_port=self.remote_port,
+            seq=seq,
+            ack=ack,
+            flags=flags,
+            window=window,
+            options=options if options is not None else TcpOptions(),
+            payload=payload,
+        )
+        self._emit_segment(segment)
+
+    def _emit_segment(self, segment: Segment) -> None:
+        self._segments_out += 1
+        if self._tx_sum:
+            self._outbox.append(build(segment, self.local_ip, self.remote_ip))
+        else:
+            self._outbox.append(build(segment))
+
+    def _drop(self, reason: DropReason) -> None:
+        self._dropped[reason] = self._dropped.get(reason, 0) + 1
+
+
+# --- LISTEN ----------------------------------------------------------------------------------
+
+
+class TcpListener:
+    """A passive open on ``local_port`` (RFC 9293 §3.10.7.2, LISTEN).
+
+    :meth:`receive_segment` answers a SYN with a new :class:`TcpConnection` in SYN-RECEIVED
+    (the driver adds it to its connection table and hands it to ``accept`` once it reports
+    :class:`Connected`); an ACK gets an RST; an RST and anything else are ignored.  ``isn``
+    chooses each connection's ISS from ``now`` (a clock-driven generator, RFC 9293 §3.4.1, or
+    a seeded one in simulations).
+    """
+
+    def __init__(
+        self,
+        *,
+        local_port: int,
+        isn: Callable[[float], int],
+        config: TcpConfig | None = None,
+        local_ip: IPv4Address = 0,
+    ) -> None:
+        if not 0 <= local_port <= 0xFFFF:
+            raise ValueError(f"local_port must be in 0..65535, got {local_port}")
+        self.local_port = local_port
+        self.local_ip = local_ip
+        self.config = config if config is not None else TcpConfig()
+        self._isn = isn
+        self._outbox: list[tuple[IPv4Address, bytes]] = []
+        self._dropped: dict[DropReason, int] = {}
+        self.accepted = 0  #: connections created
+
+    @property
+    def state(self) -> TcpState:
+        """Always LISTEN."""
+        return TcpState.LISTEN
+
+    def receive_segment(
+        self, segment: bytes | bytearray | memoryview, now: float, *, remote_ip: IPv4Address
+    ) -> TcpConnection | None:
+        """Feed a segment for this port from no known connection; a new connection if it was an
+        acceptable SYN.  Never raises on bad input."""
+        policy = self.config.checksum
+        try:
+            if policy in (ChecksumPolicy.BOTH, ChecksumPolicy.RX):
+                seg = parse(segment, remote_ip, self.local_ip)
+            else:
+                seg = parse(segment)
+        except TcpFormatError as exc:
+            reason = (
+                DropReason.CHECKSUM if exc.kind is TcpErrorKind.CHECKSUM else DropReason.MALFORMED
+            )
+            self._drop(reason)
+            return None
+        if seg.dst_port != self.local_port:
+            self._drop(DropReason.WRONG_PORT)
+            return None
+        flags = seg.flags
+        if flags & TcpFlags.RST:
+            self._drop(DropReason.RST_IGNORED)
+            return None
+        if flags & TcpFlags.ACK:
+            reply = reset_for(seg)
+            if reply is not None:
+                self._send(remote_ip, reply)
+            self._drop(DropReason.BAD_ACK)
+            return None
+        if not flags & TcpFlags.SYN:
+            self._drop(DropReason.NOT_SYN)
+            return None
+        self.accepted += 1
+        return TcpConnection.accept(
+            seg,
+            now,
+            iss=self._isn(now) & _MASK,
+            config=self.config,
+            local_ip=self.local_ip,
+            remote_ip=remote_ip,
+        )
+
+    def segments_to_send(self) -> list[tuple[IPv4Address, bytes]]:
+        """RSTs to send, as (remote address, segment bytes)."""
+        out = self._outbox
+        self._outbox = []
+        return out
+
+    @property
+    def dropped(self) -> Mapping[DropReason, int]:
+        """Segments ignored, by reason."""
+        return dict(self._dropped)
+
+    def _send(self, remote_ip: IPv4Address, segment: Segment) -> None:
+        policy = self.config.checksum
+        if policy in (ChecksumPolicy.BOTH, ChecksumPolicy.TX):
+            self._outbox.append((remote_ip, build(segment, self.local_ip, remote_ip)))
+        else:
+            self._outbox.append((remote_ip, build(segment)))
+
+    def _drop(self, reason: DropReason) -> None:
+        self._dropped[reason] = self._dropped.get(reason, 0) + 1
