@@ -2,12 +2,23 @@
 
 In the parts every stacklib protocol has: :mod:`~stacklib.layers.tcp.wire` (the segment format
 and checksum) and :mod:`~stacklib.layers.tcp.machine` (the sans-IO connection and listener).
-The trio driver (connections as ``trio.abc.HalfCloseableStream``) is designed in
-docs/tcp-core.md and comes later.
+:mod:`~stacklib.layers.tcp.driver` is the trio driver: the ``tcp`` layer, whose connections are
+``trio.abc.HalfCloseableStream`` objects with a listener (docs/tcpip.md).
 """
 
 from __future__ import annotations
 
+from stacklib.layers.tcp.driver import (
+    ConnectFailed,
+    ConnectionRefused,
+    TcpLayer,
+    TcpListenerStream,
+    TcpParams,
+    TcpStack,
+    TcpStream,
+    peer_address,
+    peer_id,
+)
 from stacklib.layers.tcp.machine import (
     ChecksumPolicy,
     Closed,
@@ -29,8 +40,10 @@ from stacklib.layers.tcp.wire import Segment, TcpFlags, TcpFormatError, TcpOptio
 __all__ = [
     "ChecksumPolicy",
     "Closed",
+    "ConnectFailed",
     "Connected",
     "ConnectionAborted",
+    "ConnectionRefused",
     "ConnectionReset",
     "DataReceived",
     "DropReason",
@@ -40,9 +53,16 @@ __all__ = [
     "TcpConnection",
     "TcpFlags",
     "TcpFormatError",
+    "TcpLayer",
     "TcpListener",
+    "TcpListenerStream",
     "TcpOptions",
+    "TcpParams",
+    "TcpStack",
     "TcpState",
     "TcpStatistics",
+    "TcpStream",
+    "peer_address",
+    "peer_id",
     "reset_for",
 ]
