@@ -116,6 +116,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from stacklib.bench import core
 
         result = core.bench_core(iterations=args.iterations, size=args.size, repeat=args.repeat)
+    elif args.bench == "real":
+        from stacklib.bench import real
+
+        result = real.bench_real(
+            iterations=args.iterations,
+            messages=args.messages,
+            bulk_messages=args.bulk_messages,
+            repeat=args.repeat,
+        )
     else:
         result = _bench_workload(args)
     print(result.to_json() if args.json else result.format_table())
@@ -221,6 +230,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--iterations", type=int, default=20000, help="round trips per run")
     b.add_argument("--size", type=int, default=40, help="message size in bytes")
+    b.add_argument("--repeat", type=int, default=3, help="runs of each; the best is kept")
+    b.add_argument("--json", action="store_true", help="print JSON")
+    b.set_defaults(func=cmd_bench)
+    b = benches.add_parser(
+        "real",
+        help="U-Net over shared memory vs kernel UDP sockets between two processes",
+        description="Two processes, one run: a 40-byte ping-pong over the shm transport and "
+        "over kernel UDP sockets, the one-way message rate and 64 KiB bulk bandwidth over shm "
+        "(docs/transports.md).",
+    )
+    b.add_argument("--iterations", type=int, default=20000, help="round trips per ping-pong")
+    b.add_argument("--messages", type=int, default=200000, help="messages in the rate test")
+    b.add_argument("--bulk-messages", type=int, default=20000, help="64 KiB messages")
     b.add_argument("--repeat", type=int, default=3, help="runs of each; the best is kept")
     b.add_argument("--json", action="store_true", help="print JSON")
     b.set_defaults(func=cmd_bench)

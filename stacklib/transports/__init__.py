@@ -65,4 +65,4 @@ def transports() -> Mapping[str, TransportKind]:
 
 
 def _import_builtin_transports() -> None:
-    from stacklib.transports import memory, sim  # noqa: F401  (they register themselves)
+    from stacklib.transports import memory, shm, sim, udp  # noqa: F401  (they register themselves)
