@@ -28,11 +28,20 @@ Example::
     kind = "pingpong"
     sizes = [0, 40, 1000]
     iterations = 1000
+
+Per-node layer parameters: every node gets its own layer objects built from the same table, but
+a string value (or table key) in ``[[layers]]`` may contain ``{node}`` (the node's index,
+0..n-1) or ``{node1}`` (index + 1), expanded per node before validation, so
+``address = "10.0.0.{node1}"`` gives node0 10.0.0.1 and node1 10.0.0.2.  A layer whose
+parameters have ``address`` and ``peers`` (IP over U-Net) and that leaves ``peers`` out of the
+recipe gets it filled per node from the channel table: every other node's ``address`` -> the
+channel that reaches it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -42,6 +51,7 @@ from typing import Any, Literal
 import attrs
 import trio
 
+import stacklib.bench.streams  # noqa: F401  (registers udp-pingpong, tcp-stream)
 from stacklib.bench import Result, Session, WorkloadKind, workload_kind
 from stacklib.config import structure
 from stacklib.errors import AssemblyError, ConfigError
@@ -87,14 +97,39 @@ class Recipe:
     transport_params: Any
     endpoint: EndpointConfig
     emulated: bool
+    #: Each layer with node 0's parameters.
     layers: tuple[tuple[type[Layer], Any], ...]
     workload: WorkloadKind
     workload_params: Any
     profile: CostProfile | None
+    #: ``node_params[k][i]``: layer ``k``'s parameters on node ``i`` (templates expanded); empty
+    #: when made without them (every node then uses :attr:`layers`).
+    node_params: tuple[tuple[Any, ...], ...] = ()
+    #: Indices of the layers whose ``peers`` are filled from the channel table.
+    auto_peers: frozenset[int] = frozenset()
 
-    def make_layers(self) -> list[Layer]:
-        """Fresh layer objects for one node's stack."""
-        return [cls(params) for cls, params in self.layers]
+    def make_layers(self, node: int = 0, channels: Mapping[int, int] | None = None) -> list[Layer]:
+        """Fresh layer objects for node ``node``'s stack.
+
+        ``channels`` maps every other node's index to the channel id that reaches it; layers in
+        :attr:`auto_peers` get ``peers`` = {that node's ``address``: channel}.
+        """
+        made: list[Layer] = []
+        for k, (cls, params) in enumerate(self.layers):
+            if self.node_params:
+                if node >= len(self.node_params[k]):
+                    raise ConfigError(
+                        str(self.path),
+                        "workload.kind",
+                        f"layer parameters were expanded for {len(self.node_params[k])} nodes, "
+                        f"not node {node}",
+                    )
+                params = self.node_params[k][node]
+            if k in self.auto_peers and channels:
+                peers = {self.node_params[k][j].address: ch for j, ch in channels.items()}
+                params = attrs.evolve(params, peers=peers)
+            made.append(cls(params))
+        return made
 
 
 _TOP_KEYS = {"description", "run", "transport", "endpoint", "host", "layers", "workload"}
@@ -113,6 +148,53 @@ def _kind(table: Mapping[str, object], where: str, key: str) -> tuple[str, dict[
     if not isinstance(kind, str):
         raise ConfigError(where, f"{key}.kind", "missing or not a string")
     return kind, rest
+
+
+_TEMPLATE = re.compile(r"\{([^{}]*)\}")
+
+
+def expand_node(value: object, node: int, where: str, key: str) -> object:
+    """``value`` with ``{node}`` and ``{node1}`` in its strings (and table keys) replaced by
+    ``node`` and ``node + 1``; any other ``{...}`` is a :class:`ConfigError` naming ``key``."""
+
+    def substitute(text: str) -> str:
+        def one(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name == "node":
+                return str(node)
+            if name == "node1":
+                return str(node + 1)
+            raise ConfigError(
+                where, key, f"unknown template {match.group(0)!r} (known: {{node}}, {{node1}})"
+            )
+
+        return _TEMPLATE.sub(one, text)
+
+    if isinstance(value, str):
+        return substitute(value)
+    if isinstance(value, Mapping):
+        out: dict[object, object] = {}
+        for k, v in value.items():
+            sub_key = f"{key}.{k}"
+            out[substitute(k) if isinstance(k, str) else k] = expand_node(v, node, where, sub_key)
+        return out
+    if isinstance(value, list):
+        return [expand_node(v, node, where, f"{key}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+def _expand_table(
+    table: Mapping[str, object], node: int, where: str, key: str
+) -> Mapping[str, object]:
+    expanded = expand_node(table, node, where, key)
+    assert isinstance(expanded, Mapping)
+    return expanded
+
+
+def _wants_peers(cls: type[Layer], params: Mapping[str, object]) -> bool:
+    """Whether the layer's ``peers`` should be filled from the channel table."""
+    names = {field.name for field in attrs.fields(cls.Params)} if attrs.has(cls.Params) else set()
+    return {"address", "peers"} <= names and "peers" not in params
 
 
 def find_recipe(name_or_path: str | os.PathLike[str]) -> Path:
@@ -188,6 +270,7 @@ def parse_recipe(data: Mapping[str, object], where: str, path: Path | None = Non
     if not isinstance(raw_layers, list):
         raise ConfigError(where, "layers", "expected an array of tables ([[layers]])")
     layers = []
+    raw_params: list[dict[str, object]] = []
     for index, raw in enumerate(raw_layers):
         key = f"layers[{index}]"
         if not isinstance(raw, Mapping):
@@ -197,7 +280,10 @@ def parse_recipe(data: Mapping[str, object], where: str, path: Path | None = Non
             cls = layer_class(layer_name)
         except KeyError as error:
             raise ConfigError(where, f"{key}.kind", str(error.args[0])) from None
-        layers.append((cls, structure(cls.Params, params, where, key)))
+        raw_params.append(params)
+        layers.append(
+            (cls, structure(cls.Params, _expand_table(params, 0, where, key), where, key))
+        )
 
     workload_name, params = _kind(_table(data, "workload", where), where, "workload")
     try:
@@ -205,6 +291,7 @@ def parse_recipe(data: Mapping[str, object], where: str, path: Path | None = Non
     except KeyError as error:
         raise ConfigError(where, "workload.kind", str(error.args[0])) from None
     workload_params = structure(workload.Params, params, where, "workload")
+    node_params, auto_peers = _per_node(layers, raw_params, workload.nodes, where)
 
     layer_objects = [cls(p) for cls, p in layers]
     try:
@@ -233,7 +320,38 @@ def parse_recipe(data: Mapping[str, object], where: str, path: Path | None = Non
         workload=workload,
         workload_params=workload_params,
         profile=profile,
+        node_params=node_params,
+        auto_peers=auto_peers,
     )
+
+
+def _per_node(
+    layers: Sequence[tuple[type[Layer], Any]],
+    raw_params: Sequence[Mapping[str, object]],
+    nodes: int,
+    where: str,
+) -> tuple[tuple[tuple[Any, ...], ...], frozenset[int]]:
+    """Every layer's parameters on every node, and the layers that get ``peers`` filled."""
+    node_params = []
+    auto: set[int] = set()
+    for index, ((cls, first), raw) in enumerate(zip(layers, raw_params, strict=True)):
+        key = f"layers[{index}]"
+        per_node = [first] + [
+            structure(cls.Params, _expand_table(raw, i, where, key), where, key)
+            for i in range(1, nodes)
+        ]
+        if _wants_peers(cls, raw):
+            addresses = [p.address for p in per_node]
+            if len(set(addresses)) < len(addresses):
+                raise ConfigError(
+                    where,
+                    f"{key}.address",
+                    f"nodes share the address {addresses[0]!r}; give each its own with "
+                    "{node} or {node1}, e.g. '10.0.0.{node1}', or set peers",
+                )
+            auto.add(index)
+        node_params.append(tuple(per_node))
+    return tuple(node_params), frozenset(auto)
 
 
 def list_recipes() -> list[tuple[str, str, Path]]:
@@ -288,20 +406,28 @@ async def _run_workload(
     for i in range(len(nodes)):
         for j in range(i + 1, len(nodes)):
             peers[i][j], peers[j][i] = connect(endpoints[i], endpoints[j])
-    async with _open_stacks(recipe, endpoints) as services:
+    async with _open_stacks(recipe, endpoints, peers) as services:
         session = Session(world, network, services, peers)
         return await recipe.workload.run(session, params)
 
 
 @asynccontextmanager
 async def _open_stacks(
-    recipe: Recipe, endpoints: Sequence[Endpoint]
+    recipe: Recipe,
+    endpoints: Sequence[Endpoint],
+    channels: Sequence[Mapping[int, int]] | None = None,
 ) -> AsyncIterator[list[Service]]:
-    """One stack per endpoint, each with its own layer objects."""
+    """One stack per endpoint, each with its own layer objects (node ``i``'s parameters and,
+    given ``channels[i]``, its channel table)."""
     async with AsyncExitStack() as stack:
         services = [
-            await stack.enter_async_context(open_stack(UNetService(ep), recipe.make_layers()))
-            for ep in endpoints
+            await stack.enter_async_context(
+                open_stack(
+                    UNetService(ep),
+                    recipe.make_layers(i, channels[i] if channels is not None else None),
+                )
+            )
+            for i, ep in enumerate(endpoints)
         ]
         yield services
 

@@ -1,0 +1,276 @@
+"""Workloads over IP: UDP ping-pong and a TCP bulk stream between node 0 and node 1.
+
+* ``udp-pingpong``: node 0 sends a UDP datagram of ``size`` bytes to node 1's ``port``, which
+  echoes it back; ``iterations`` timed round trips per size after ``warmup`` untimed ones (paper
+  000 Table 3 and Fig 5: UDP round trips over U-Net).  A reply not back within ``timeout``
+  seconds counts as ``lost``.
+* ``tcp-stream``: node 0 opens a connection to node 1 (the StreamService view: node 1's
+  ``service_port``), writes ``size`` bytes in ``chunk``-byte writes and waits for a one-byte
+  acknowledgment once node 1 has read them all: ``MB/s = size / elapsed / 1e6`` (paper 000 §7.7
+  Fig 6).  Then ``rtt_iterations`` round trips of a ``request``-byte message on the same
+  connection give the request/response time (paper 000 Table 3: TCP 157 us on U-Net ATM).
+
+Both find node 1's IP address from its stack (the ``ip`` attribute of the UDP and TCP layers'
+services), so they need an ``ip`` layer below ``udp`` or ``tcp``.  Time is trio's: virtual on a
+simulated NI, real otherwise.  Registered on import (:data:`UDP_PINGPONG`, :data:`TCP_STREAM`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import statistics as stats
+import time
+import typing
+from collections.abc import Iterable
+
+import attrs
+import trio
+
+from stacklib.bench import Session, WorkloadKind, register_workload
+from stacklib.bench.params import sizes_valid
+from stacklib.bench.result import Column, Result
+from stacklib.layers.ip.service import IpService, UdpService
+from stacklib.layers.ip.wire import IPV4_HEADER_SIZE
+from stacklib.services import Service, StreamService
+
+__all__ = [
+    "TCP_STREAM",
+    "UDP_PINGPONG",
+    "TcpStreamParams",
+    "UdpPingPongParams",
+    "run_tcp_stream",
+    "run_udp_pingpong",
+]
+
+_UDP_HEADER = 8
+
+
+def _ip_of(service: Service) -> IpService:
+    ip = getattr(service, "ip", None)
+    if not isinstance(ip, IpService):
+        raise TypeError(f"{service!r} does not run over an IP layer (no 'ip' attribute)")
+    return ip
+
+
+def _sizes(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(value)
+
+
+@attrs.frozen
+class UdpPingPongParams:
+    """Recipe parameters of ``udp-pingpong``."""
+
+    sizes: tuple[int, ...] = attrs.field(
+        default=(0, 16, 40, 100, 500, 1000), converter=_sizes, validator=sizes_valid
+    )
+    iterations: int = attrs.field(default=1000, validator=attrs.validators.ge(1))
+    warmup: int = attrs.field(default=10, validator=attrs.validators.ge(0))
+    #: Node 1's echo port.
+    port: int = attrs.field(
+        default=7, validator=[attrs.validators.ge(1), attrs.validators.le(65535)]
+    )
+    #: Seconds to wait for a reply before counting it lost.
+    timeout: float = attrs.field(default=1.0, validator=attrs.validators.gt(0))
+
+
+async def run_udp_pingpong(session: Session, params: UdpPingPongParams) -> Result:
+    """UDP round trips from node 0 to node 1's echo port and back, per size."""
+    client = typing.cast(UdpService, session.services[0])
+    server = typing.cast(UdpService, session.services[1])
+    client_ip, server_ip = _ip_of(client), _ip_of(server)
+    target = (server_ip.address, params.port)
+    limit = client_ip.mtu(server_ip.address) - IPV4_HEADER_SIZE - _UDP_HEADER
+    too_big = [size for size in params.sizes if size > limit]
+    if too_big:
+        raise ValueError(f"UDP ping-pong size {too_big[0]} exceeds the path's limit ({limit})")
+    rows = []
+    lost_total = 0
+    wall_start = time.perf_counter()
+    async with (
+        await server.bind(params.port) as echo_sock,
+        await client.bind(0) as sock,
+        trio.open_nursery() as nursery,
+    ):
+
+        async def echo() -> None:
+            while True:
+                data, source = await echo_sock.recvfrom()
+                await echo_sock.sendto(data, source)
+
+        nursery.start_soon(echo)
+        now = trio.current_time
+        for size in params.sizes:
+            message = bytes(i & 0xFF for i in range(size))
+            samples: list[float] = []
+            lost = 0
+            for i in range(params.warmup + params.iterations):
+                start = now()
+                await sock.sendto(message, target)
+                with trio.move_on_after(params.timeout):
+                    while True:
+                        reply, _ = await sock.recvfrom()
+                        if reply == message:
+                            break
+                    if i >= params.warmup:
+                        samples.append(now() - start)
+                    continue
+                lost += 1
+            lost_total += lost
+            mean = stats.fmean(samples) if samples else None
+            rows.append(
+                {
+                    "size": size,
+                    "rtt_us": mean * 1e6 if mean is not None else None,
+                    "min_us": min(samples) * 1e6 if samples else None,
+                    "median_us": stats.median(samples) * 1e6 if samples else None,
+                    "lost": lost,
+                }
+            )
+        nursery.cancel_scope.cancel()
+    return Result(
+        title="UDP ping-pong round-trip time",
+        columns=[
+            Column("size", "size", "bytes"),
+            Column("rtt_us", "RTT mean", "us", 2),
+            Column("min_us", "RTT min", "us", 2),
+            Column("median_us", "RTT median", "us", 2),
+            Column("lost", "lost"),
+        ],
+        rows=rows,
+        facts={
+            "server": f"{target[0]}:{target[1]}",
+            "max_size": limit,
+            "lost": lost_total,
+            "wall_seconds": time.perf_counter() - wall_start,
+        },
+    )
+
+
+@attrs.frozen
+class TcpStreamParams:
+    """Recipe parameters of ``tcp-stream``."""
+
+    #: Bytes node 0 sends to node 1.
+    size: int = attrs.field(default=1 << 20, validator=attrs.validators.ge(1))
+    #: Bytes per ``send_all`` call.
+    chunk: int = attrs.field(default=8192, validator=attrs.validators.ge(1))
+    #: Timed request/response round trips after the transfer (0: none).
+    rtt_iterations: int = attrs.field(default=100, validator=attrs.validators.ge(0))
+    #: Bytes of each request and of each response.
+    request: int = attrs.field(default=4, validator=attrs.validators.ge(1))
+
+
+async def _receive_exactly(stream: trio.abc.ReceiveStream, nbytes: int) -> bytes:
+    got = bytearray()
+    while len(got) < nbytes:
+        chunk = await stream.receive_some(nbytes - len(got))
+        if not chunk:
+            raise trio.BrokenResourceError(f"stream ended after {len(got)} of {nbytes} bytes")
+        got += chunk
+    return bytes(got)
+
+
+def _segments_out(service: Service) -> int:
+    value = service.statistics().get("segments_out", 0)
+    return value if isinstance(value, int) else 0
+
+
+async def run_tcp_stream(session: Session, params: TcpStreamParams) -> Result:
+    """Bulk transfer node 0 -> node 1 on one connection, then request/response round trips."""
+    client = typing.cast(StreamService, session.services[0])
+    server = typing.cast(StreamService, session.services[1])
+    address = _ip_of(server).address
+    peer = int(ipaddress.IPv4Address(address))  # the StreamService peer of TCP
+    now = trio.current_time
+    received = 0
+
+    async def serve() -> None:
+        nonlocal received
+        _, stream = await server.accept()
+        async with stream:
+            while received < params.size:
+                data = await stream.receive_some(65536)
+                if not data:
+                    raise trio.BrokenResourceError(f"stream ended after {received} bytes")
+                received += len(data)
+            await stream.send_all(b"\x01")
+            while request := await stream.receive_some(params.request):
+                request += await _receive_exactly(stream, params.request - len(request))
+                await stream.send_all(request)
+
+    wall_start = time.perf_counter()
+    segments_before = _segments_out(client)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve)
+        stream = await client.connect(peer)
+        async with stream:
+            block = bytes(i & 0xFF for i in range(params.chunk))
+            start = now()
+            remaining = params.size
+            while remaining > 0:
+                piece = block if remaining >= params.chunk else block[:remaining]
+                await stream.send_all(piece)
+                remaining -= len(piece)
+            await _receive_exactly(stream, 1)
+            elapsed = now() - start
+            segments = _segments_out(client) - segments_before
+            request = bytes(params.request)
+            samples = []
+            for _ in range(params.rtt_iterations):
+                t0 = now()
+                await stream.send_all(request)
+                await _receive_exactly(stream, params.request)
+                samples.append(now() - t0)
+            await stream.send_eof()
+            await stream.receive_some(1)  # the server's close
+    wall = time.perf_counter() - wall_start
+    mb_per_s = params.size / elapsed / 1e6 if elapsed > 0 else None
+    row = {
+        "size": params.size,
+        "chunk": params.chunk,
+        "seconds": elapsed,
+        "mb_per_s": mb_per_s,
+        "mbit_per_s": mb_per_s * 8 if mb_per_s is not None else None,
+        "rtt_us": stats.fmean(samples) * 1e6 if samples else None,
+        "rtt_min_us": min(samples) * 1e6 if samples else None,
+    }
+    return Result(
+        title="TCP bulk transfer and request/response",
+        columns=[
+            Column("size", "size", "bytes"),
+            Column("chunk", "write", "bytes"),
+            Column("seconds", "time", "s", 4),
+            Column("mb_per_s", "bandwidth", "MB/s", 2),
+            Column("mbit_per_s", "bandwidth", "Mbit/s", 1),
+            Column("rtt_us", f"{params.request}-byte RTT mean", "us", 2),
+            Column("rtt_min_us", "RTT min", "us", 2),
+        ],
+        rows=[row],
+        facts={
+            "server": address,
+            "received": received,
+            "segments_sent_by_node0": segments,
+            "wall_seconds": wall,
+        },
+        notes=["MB/s are 10^6 bytes per second, to node 1's read of the last byte"],
+    )
+
+
+UDP_PINGPONG = register_workload(
+    WorkloadKind(
+        name="udp-pingpong",
+        Params=UdpPingPongParams,
+        run=run_udp_pingpong,
+        description="UDP round-trip time vs datagram size between two nodes (over ip + udp)",
+        requires=UdpService,
+    )
+)
+TCP_STREAM = register_workload(
+    WorkloadKind(
+        name="tcp-stream",
+        Params=TcpStreamParams,
+        run=run_tcp_stream,
+        description="TCP bulk transfer MB/s and request/response RTT, node 0 -> node 1",
+        requires=StreamService,
+    )
+)
