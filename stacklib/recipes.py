@@ -51,7 +51,6 @@ from typing import Any, Literal
 import attrs
 import trio
 
-import stacklib.bench.streams  # noqa: F401  (registers udp-pingpong, tcp-stream)
 from stacklib.bench import Result, Session, WorkloadKind, workload_kind
 from stacklib.config import structure
 from stacklib.errors import AssemblyError, ConfigError

@@ -94,6 +94,7 @@ def _register_builtin() -> None:
             description="LogP parameters (RTT/2, Os, Or, g, L) vs message size by delay injection",
         )
     )
+    import stacklib.bench.streams  # noqa: F401  (registers udp-pingpong and tcp-stream)
 
 
 register_workload(
