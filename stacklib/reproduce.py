@@ -27,6 +27,9 @@ class Figure:
     cite: str
     #: Allowed relative deviation (0.10 = 10%).
     tolerance: float = 0.10
+    #: The paper states a floor ("at least"): only falling short by more than the tolerance
+    #: counts; exceeding it is reported, not failed.
+    at_least: bool = False
 
     @property
     def deviation(self) -> float:
@@ -35,6 +38,8 @@ class Figure:
 
     @property
     def ok(self) -> bool:
+        if self.at_least:
+            return self.deviation >= -self.tolerance
         return abs(self.deviation) <= self.tolerance
 
 
@@ -70,7 +75,8 @@ def format_figures(title: str, figures: Sequence[Figure]) -> str:
             f"{f.paper:g} {f.unit}",
             f"{f.measured:.4g} {f.unit}",
             f"{f.deviation:+.1%}",
-            f"±{f.tolerance:.0%}" + ("" if f.ok else "  OUTSIDE"),
+            (f"≥ -{f.tolerance:.0%}" if f.at_least else f"±{f.tolerance:.0%}")
+            + ("" if f.ok else "  OUTSIDE"),
             f.cite,
         )
         for f in figures

@@ -141,7 +141,7 @@ def test_sba100_costs_land_on_the_host_cpu() -> None:
     assert 2 * ni.trap_us * US + 2 * cell + 7 * US == pytest.approx(p.trap_level_us * US)
     # No NI processor, no DMA: the SBA-100 has neither.
     for node in (a, b):
-        for name in ("ni", "bus"):
+        for name in ("ni", "ni.tx", "ni.rx", "bus", "bus.tx", "bus.rx"):
             resource = node.host.resources.get(name)
             assert resource is None or resource.busy_time == 0.0
 
@@ -216,7 +216,8 @@ def test_single_and_multi_cell_receive_costs_on_the_i960() -> None:
     p = I960Params()
     for size, cost in ((40, p.rx_single_us), (41, p.rx_msg_us + 2 * p.rx_cell_us)):
         _, cluster = _one_way(AtmParams(ni="sba200"), size)
-        busy = cluster.nodes["b"].host.resource("ni").busy_time
+        # The receive side of the i960's work (its transmit side is a separate queue).
+        busy = cluster.nodes["b"].host.resource("ni.rx").busy_time
         assert busy == pytest.approx(cost * US, rel=1e-9), size
 
 
@@ -319,14 +320,15 @@ def test_pca200_per_operation_costs_are_paper_003_s4_4_1() -> None:
     _, cluster = _one_way(AtmParams(ni="pca200", link="oc-3", host="p120"), 40)
     a, b = cluster.nodes["a"].host, cluster.nodes["b"].host
     assert a.resource("cpu").busy_time == pytest.approx(1.5 * US, rel=1e-9)
-    assert a.resource("ni").busy_time == pytest.approx(10.0 * US, rel=1e-9)
-    assert b.resource("ni").busy_time == pytest.approx(13.0 * US, rel=1e-9)
+    assert a.resource("ni.tx").busy_time == pytest.approx(10.0 * US, rel=1e-9)
+    assert b.resource("ni.rx").busy_time == pytest.approx(13.0 * US, rel=1e-9)
     assert b.resource("cpu").busy_time == pytest.approx(Pca200Params().host_recv_us * US)
-    assert a.resource("ni").holds == 1 and b.resource("ni").holds == 1
+    assert a.resource("ni.tx").holds == 1 and b.resource("ni.rx").holds == 1
+    assert a.resource("ni.rx").holds == 0 and b.resource("ni.tx").holds == 0
     # One cell's DMA on each side's PCI bus.
     dma = Pca200Params().dma_cell_us * US
-    assert a.resource("bus").busy_time == pytest.approx(dma)
-    assert b.resource("bus").busy_time == pytest.approx(dma)
+    assert a.resource("bus.tx").busy_time == pytest.approx(dma)
+    assert b.resource("bus.rx").busy_time == pytest.approx(dma)
 
 
 def test_pca200_round_trips() -> None:
@@ -436,3 +438,26 @@ def test_unknown_override_is_a_config_error() -> None:
         build_atm(Simulation(), AtmParams(ni="sba100", overrides={"tx_cell_us": 1.0}), ["a"], None)
     with pytest.raises(ConfigError):
         _rtts({"ni": "sba200", "overrides": {"nonsense": 1.0}}, [40])
+
+
+def test_a_one_cell_message_is_not_held_behind_a_long_one_the_other_way() -> None:
+    # The firmware interleaves transmit and receive work (paper 000 §4.2.2-4.2.3), so an
+    # acknowledgment from b crosses while b's i960 receives a long message from a.
+    sim = Simulation(seed=1)
+    arrivals: dict[str, float] = {}
+
+    async def main() -> None:
+        cluster = build_atm(sim, AtmParams(ni="sba200"), ["a", "b"], None)
+        a, b = cluster.nodes["a"], cluster.nodes["b"]
+        ep_a = a.os.create_endpoint(a.os.process("x"))
+        ep_b = b.os.create_endpoint(b.os.process("y"))
+        ch_a, ch_b = connect(ep_a, ep_b)
+        await ep_a.send(ch_a, bytes(4000))  # 84 cells towards b
+        await trio.sleep(50e-6)  # b's i960 is busy receiving them
+        start = trio.current_time()
+        await ep_b.send(ch_b, b"ack")
+        await ep_a.recv()
+        arrivals["ack"] = trio.current_time() - start
+
+    sim.run(main)
+    assert arrivals["ack"] == pytest.approx(65.11e-6 / 2, rel=0.02)

@@ -156,6 +156,17 @@ class I960NI(SimNI):
             tx_backlog=params.output_fifo_cells * (link or fabric.tech).shape(1).per_unit,
         )
         self.params = params
+        # The firmware's loop interleaves transmit and receive work cell by cell (paper 000
+        # §4.2.2-4.2.3: it polls the send queues and the input FIFO in turn).  Charged per
+        # message, one FIFO for both would make a one-cell message (an acknowledgment) wait
+        # behind a whole multi-cell message going the other way; two queues, one per
+        # direction, keep that interleaving at message granularity.  The I/O bus interleaves
+        # DMA bursts the same way; each direction uses at most about a third of it (one DMA
+        # per cell against a 3 us cell time), so separate queues overstate it little.
+        self.engine = host.resource("ni.tx")
+        self.rx_engine = host.resource("ni.rx")
+        self.bus = host.resource("bus.tx")
+        self.rx_bus = host.resource("bus.rx")
         send = params.host_send_us * US * host_scale
         recv = params.host_recv_us * US * host_scale
         self.host_send_cost = lambda nbytes: send
@@ -191,14 +202,20 @@ class I960NI(SimNI):
         # The i960 takes each cell off the input FIFO; after the last cell of a multi-cell
         # message it allocates the buffers' descriptor and starts its DMA to the receive queue.
         tail = 0.0 if single else p.rx_msg_us * US
-        first, last = stage(self.engine, first_in, last_in, cells, p.rx_cell_us * US, head=head)
+        rx = self.rx_engine
+        first, last = stage(rx, first_in, last_in, cells, p.rx_cell_us * US, head=head)
         engine_done = last + tail
         if tail:
-            self.engine.busy_until = max(self.engine.busy_until, engine_done)
-            self.engine.busy_time += tail
+            rx.busy_until = max(rx.busy_until, engine_done)
+            rx.busy_time += tail
         # The DMA engine moves the data to the host while the i960 goes on with later cells.
         dma_done = stage(
-            self.bus, first, last, cells, p.dma_cell_us * US, store_and_forward=p.rx_dma_after_last
+            self.rx_bus,
+            first,
+            last,
+            cells,
+            p.dma_cell_us * US,
+            store_and_forward=p.rx_dma_after_last,
         )[1]
         return max(engine_done, dma_done)
 

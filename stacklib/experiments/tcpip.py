@@ -1,0 +1,303 @@
+"""UDP and TCP over U-Net vs the SunOS kernel's (paper 000 §7, Figs 6-9, Table 3).
+
+The U-Net side runs the real stacks (IP + UDP, IP + TCP) over two simulated SPARCstation-20s
+with SBA-200s running U-Net firmware, in virtual time.  The kernel side is the cost model of
+:mod:`stacklib.transports.sim.kernel` (SunOS 4.1.3, Fore's driver and firmware, or the 10 Mbit/s
+Ethernet).  Figs 6-9 have no values in the text: the figures below are the numbers the text
+states and the shapes it describes, each checked as a ratio; docs/kernel-path.md says how each
+was read and which parameter was calibrated to which figure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import trio
+
+from stacklib.layers.ip import IpLayer, IpParams
+from stacklib.layers.tcp.driver import TcpLayer, TcpParams, TcpStack, TcpStream
+from stacklib.layers.udp import UdpLayer, UdpParams
+from stacklib.layers.udp.driver import UdpSocketImpl, UdpStack
+from stacklib.reproduce import Experiment, Figure, register_experiment
+from stacklib.services import UNetService
+from stacklib.sim import Resource, Simulation
+from stacklib.stack import open_stack
+from stacklib.transports.sim import AtmParams, build_atm
+from stacklib.transports.sim import kernel as k
+from stacklib.unet import Endpoint, EndpointConfig, connect
+
+__all__ = [
+    "SMALL",
+    "TCP_SEGMENT_US",
+    "UDP_DATAGRAM_US",
+    "unet_tcp_bandwidth",
+    "unet_tcp_rtt",
+    "unet_udp_bandwidth",
+    "unet_udp_rtt",
+]
+
+A, B = "10.0.0.1", "10.0.0.2"
+ENDPOINT = EndpointConfig(
+    segment_size=512 * 1024, tx_buffers=32, rx_buffers=48, free_queue=64, recv_queue=64
+)
+#: The small message of Table 3's round trips: 16 bytes of data, two cells with either
+#: protocol's headers (docs/kernel-path.md: why two cells).
+SMALL = 16
+ROUND_TRIPS = 5
+#: U-Net UDP host CPU per datagram, each side, beyond the layer's copy and checksum; charged by
+#: this benchmark because UdpParams has no per-datagram knob (docs/kernel-path.md).
+UDP_DATAGRAM_US = 4.5  # calibrated to Table 3's 138 us UDP round trip
+#: U-Net TCP host CPU per segment (TcpParams.segment_us).
+TCP_SEGMENT_US = 5.4  # calibrated to Table 3's 157 us TCP round trip
+#: The TAXI fiber's 140 Mbit/s: "the maximum achievable bandwidth" of §7 (17.5 MB/s).
+LINE_MB_S = 140 / 8
+
+
+def _run(main: Callable[[Endpoint, Endpoint, int, int], Awaitable[None]]) -> None:
+    sim = Simulation(seed=1)
+    cluster = build_atm(sim, AtmParams(ni="sba200"), ["a", "b"], None)
+    a, b = cluster.nodes["a"], cluster.nodes["b"]
+    ep_a = a.os.create_endpoint(a.os.process("ip-a"), ENDPOINT)
+    ep_b = b.os.create_endpoint(b.os.process("ip-b"), ENDPOINT)
+    ch_a, ch_b = connect(ep_a, ep_b)
+    sim.run(main, ep_a, ep_b, ch_a, ch_b)
+
+
+def _ip(address: str, peer: str, channel: int) -> IpLayer:
+    return IpLayer(IpParams(address=address, peers={peer: channel}))
+
+
+class _Udp:
+    """A UDP socket that also charges UDP_DATAGRAM_US per datagram to the host CPU."""
+
+    def __init__(self, sock: UdpSocketImpl, cpu: Resource, datagram_us: float) -> None:
+        self.sock, self.cpu, self.cost = sock, cpu, datagram_us * 1e-6
+
+    async def sendto(self, data: bytes, address: tuple[str, int]) -> None:
+        await self.cpu.use(self.cost)
+        await self.sock.sendto(data, address)
+
+    async def recvfrom(self) -> tuple[bytes, tuple[str, int]]:
+        got = await self.sock.recvfrom()
+        await self.cpu.use(self.cost)
+        return got
+
+
+@asynccontextmanager
+async def _udp_pair(
+    ep_a: Endpoint, ep_b: Endpoint, ch_a: int, ch_b: int, datagram_us: float
+) -> AsyncIterator[tuple[_Udp, _Udp]]:
+    params = UdpParams(rcvbuf_bytes=4 << 20, rcvbuf_datagrams=4096)
+    async with (
+        open_stack(UNetService(ep_a), [_ip(A, B, ch_a), UdpLayer(params)]) as a,
+        open_stack(UNetService(ep_b), [_ip(B, A, ch_b), UdpLayer(params)]) as b,
+    ):
+        assert isinstance(a, UdpStack) and isinstance(b, UdpStack)
+        sa, sb = await a.bind(1000), await b.bind(7)
+        yield (
+            _Udp(sa, ep_a.ni.host.resource("cpu"), datagram_us),
+            _Udp(sb, ep_b.ni.host.resource("cpu"), datagram_us),
+        )
+
+
+def unet_udp_rtt(size: int, datagram_us: float = UDP_DATAGRAM_US) -> float:
+    """U-Net UDP echo round trip of ``size`` bytes, microseconds."""
+    result: list[float] = []
+
+    async def main(ep_a: Endpoint, ep_b: Endpoint, ch_a: int, ch_b: int) -> None:
+        async with (
+            _udp_pair(ep_a, ep_b, ch_a, ch_b, datagram_us) as (a, b),
+            trio.open_nursery() as nursery,
+        ):
+
+            async def echo() -> None:
+                while True:
+                    data, peer = await b.recvfrom()
+                    await b.sendto(data, peer)
+
+            nursery.start_soon(echo)
+            data = bytes(size)
+            for i in range(2 + ROUND_TRIPS):
+                if i == 2:
+                    start = trio.current_time()
+                await a.sendto(data, (B, 7))
+                await a.recvfrom()
+            result.append((trio.current_time() - start) / ROUND_TRIPS * 1e6)
+            nursery.cancel_scope.cancel()
+
+    _run(main)
+    return result[0]
+
+
+def unet_udp_bandwidth(
+    size: int, datagrams: int = 200, datagram_us: float = UDP_DATAGRAM_US
+) -> tuple[float, int]:
+    """U-Net UDP stream of ``datagrams`` of ``size`` bytes: (received MB/s, datagrams lost)."""
+    result: list[tuple[float, int]] = []
+
+    async def main(ep_a: Endpoint, ep_b: Endpoint, ch_a: int, ch_b: int) -> None:
+        async with _udp_pair(ep_a, ep_b, ch_a, ch_b, datagram_us) as (a, b):
+            data = bytes(size)
+            got = 0
+            start = trio.current_time()
+            end = start
+
+            async def receive() -> None:
+                nonlocal got, end
+                while got < datagrams:
+                    await b.recvfrom()
+                    got += 1
+                    end = trio.current_time()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(receive)
+                for _ in range(datagrams):
+                    await a.sendto(data, (B, 7))
+                with trio.move_on_after(0.1):  # virtual time: whatever is still coming
+                    while got < datagrams:
+                        await trio.sleep(0.001)
+                nursery.cancel_scope.cancel()
+            result.append((got * size / (end - start) / 1e6, datagrams - got))
+
+    _run(main)
+    return result[0]
+
+
+@asynccontextmanager
+async def _tcp_pair(
+    ep_a: Endpoint, ep_b: Endpoint, ch_a: int, ch_b: int, params: TcpParams
+) -> AsyncIterator[tuple[TcpStream, TcpStream]]:
+    async with (
+        open_stack(UNetService(ep_a), [_ip(A, B, ch_a), TcpLayer(params)]) as a,
+        open_stack(UNetService(ep_b), [_ip(B, A, ch_b), TcpLayer(params)]) as b,
+    ):
+        assert isinstance(a, TcpStack) and isinstance(b, TcpStack)
+        listener = await b.listen(80)
+        client = await a.connect_to(B, 80)
+        server = await listener.accept()
+        yield client, server
+        await client.aclose()
+        await server.aclose()
+
+
+def _tcp_params(window: int = 8192, segment_us: float = TCP_SEGMENT_US) -> TcpParams:
+    return TcpParams(send_buffer=window, receive_buffer=window, segment_us=segment_us)
+
+
+def unet_tcp_rtt(size: int, segment_us: float = TCP_SEGMENT_US) -> float:
+    """U-Net TCP request-response round trip of ``size`` bytes, microseconds."""
+    result: list[float] = []
+
+    async def main(ep_a: Endpoint, ep_b: Endpoint, ch_a: int, ch_b: int) -> None:
+        async with _tcp_pair(ep_a, ep_b, ch_a, ch_b, _tcp_params(segment_us=segment_us)) as (
+            c,
+            s,
+        ):
+            data = bytes(size)
+
+            async def exact(stream: TcpStream) -> None:
+                got = 0
+                while got < size:
+                    got += len(await stream.receive_some(size - got))
+
+            for i in range(2 + ROUND_TRIPS):
+                if i == 2:
+                    start = trio.current_time()
+                await c.send_all(data)
+                await exact(s)
+                await s.send_all(data)
+                await exact(c)
+            result.append((trio.current_time() - start) / ROUND_TRIPS * 1e6)
+
+    _run(main)
+    return result[0]
+
+
+def unet_tcp_bandwidth(
+    window: int = 8192, total: int = 1 << 20, segment_us: float = TCP_SEGMENT_US
+) -> float:
+    """U-Net TCP bulk transfer of ``total`` bytes in 8 KB writes, MB/s."""
+    result: list[float] = []
+
+    async def main(ep_a: Endpoint, ep_b: Endpoint, ch_a: int, ch_b: int) -> None:
+        params = _tcp_params(window, segment_us)
+        async with _tcp_pair(ep_a, ep_b, ch_a, ch_b, params) as (c, s):
+            got = 0
+
+            async def receive() -> None:
+                nonlocal got
+                while got < total:
+                    got += len(await s.receive_some(65536))
+
+            start = trio.current_time()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(receive)
+                chunk = bytes(8192)
+                for _ in range(total // len(chunk)):
+                    await c.send_all(chunk)
+            result.append(total / (trio.current_time() - start) / 1e6)
+
+    _run(main)
+    return result[0]
+
+
+def tcpip() -> list[Figure]:
+    """Paper 000 §7: Table 3's UDP and TCP rows, Fig 8's bandwidths, Figs 6, 7, 9's shapes."""
+    atm, eth = k.ATM, k.ETHERNET
+    udp_rtt, tcp_rtt = unet_udp_rtt(SMALL), unet_tcp_rtt(SMALL)
+    udp_bw, udp_lost = unet_udp_bandwidth(4096)
+    tcp_bw = unet_tcp_bandwidth(8192)
+    kernel_tcp = k.tcp_bandwidth(atm, 64 * 1024)
+    saw_low, saw_high = k.udp_bandwidth(2559, atm), k.udp_bandwidth(2560, atm)
+    peak = max(k.udp_bandwidth(n, atm).received_mb_s for n in range(1024, 9161, 512))
+    return [
+        Figure("Table 3: UDP round trip (16 B)", 138, udp_rtt, "us",
+               "paper 000 Table 3 (calibrated: UDP_DATAGRAM_US)"),
+        Figure("Table 3: UDP bandwidth, 4 KB", 120, udp_bw * 8, "Mbit/s", "paper 000 Table 3"),
+        Figure("U-Net UDP stream: datagrams received / sent", 1.0, (200 - udp_lost) / 200,
+               "ratio", "paper 000 §7.6: U-Net UDP 'does not experience any losses'", 0.0),
+        Figure("Table 3: TCP round trip (16 B)", 157, tcp_rtt, "us",
+               "paper 000 Table 3 (calibrated: TcpParams.segment_us)"),
+        Figure("Table 3: TCP bandwidth (8 KB window)", 115, tcp_bw * 8, "Mbit/s",
+               "paper 000 Table 3"),
+        Figure("Fig 8: U-Net TCP, 8 KB window", 14.5, tcp_bw, "MB/s",
+               "paper 000 §7.7: '14-15 Mbytes/sec ... using an 8Kbyte window'"),
+        Figure("Fig 8: kernel TCP/ATM, 64 KB window", 9.5, kernel_tcp, "MB/s",
+               "paper 000 §7.7: 'not more than 9-10 Mbytes/sec' (calibrated)", 0.06),
+        Figure("§7: kernel TCP / 140 Mbit/s line rate", 0.55, kernel_tcp / LINE_MB_S, "ratio",
+               "paper 000 §7: 'not more than 55% of the maximum achievable bandwidth' "
+               "(follows from the Fig 8 calibration)", 0.10),
+        Figure("Fig 6: kernel UDP RTT (16 B), ATM / Ethernet", 1.25,
+               k.udp_rtt(SMALL, atm) / k.udp_rtt(SMALL, eth), "ratio",
+               "paper 000 §7: ATM latency 'larger ... than going over Ethernet' (estimated; "
+               "property > 1)", 0.15),
+        Figure("Fig 6: kernel TCP RTT (16 B), ATM / Ethernet", 1.25,
+               k.tcp_rtt(SMALL, atm) / k.tcp_rtt(SMALL, eth), "ratio",
+               "paper 000 §7: as for UDP (estimated; property > 1)", 0.15),
+        Figure("Fig 6: kernel UDP RTT (1000 B), ATM / Ethernet", 0.5,
+               k.udp_rtt(1000, atm) / k.udp_rtt(1000, eth), "ratio",
+               "paper 000 §7: the ATM penalty is for small messages only (estimated; "
+               "property < 1)", 0.5),
+        Figure("Fig 7: kernel UDP saw-tooth, 2560 B / 2559 B", 1.2,
+               saw_high.sent_mb_s / saw_low.sent_mb_s, "ratio",
+               "paper 000 §7.3: 1 KB clusters, remainder < 512 B in 112-byte mbufs "
+               "(estimated; property > 1)", 0.15),
+        Figure("Fig 7: kernel UDP, 4 KB / peak", 0.65,
+               k.udp_bandwidth(4096, atm).received_mb_s / peak, "ratio",
+               "paper 000 §7: peak 'only ... larger than 8Kbytes' (estimated; property < 1)",
+               0.3),
+        Figure("Fig 7: kernel UDP 8 KB stream, received / sent", 0.75,
+               k.udp_bandwidth(8192, atm).received_mb_s / k.udp_bandwidth(8192, atm).sent_mb_s,
+               "ratio", "paper 000 §7.3, §7.6: losses at the 52 KB socket buffer (estimated; "
+               "property < 1)", 0.3),
+        Figure("Fig 9: kernel / U-Net UDP RTT (16 B)", 6.0, k.udp_rtt(SMALL, atm) / udp_rtt,
+               "ratio", "paper 000 §7.6, Fig 9 (estimated from the model; property > 1)", 0.5),
+        Figure("Fig 9: kernel / U-Net TCP RTT (16 B)", 6.0, k.tcp_rtt(SMALL, atm) / tcp_rtt,
+               "ratio", "paper 000 §7.7, Fig 9 (estimated from the model; property > 1)", 0.5),
+    ]  # fmt: skip
+
+
+register_experiment(
+    Experiment("tcpip", "UDP and TCP: U-Net vs the SunOS kernel (paper 000 §7, Table 3)", tcpip)
+)
