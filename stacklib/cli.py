@@ -303,6 +303,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--plots", metavar="DIR", help="also draw plots into DIR (needs matplotlib)")
     p.set_defaults(func=cmd_reproduce)
+
+    from stacklib.daemon import build_parser as daemon_options
+    from stacklib.daemon import cmd_daemon
+
+    p = commands.add_parser(
+        "daemon",
+        help="run the U-Net OS service daemon (shm channel set-up, SO_PEERCRED, SCM_RIGHTS)",
+        description="Run this host's OS service daemon (paper 000 §3.2): it creates shm "
+        "endpoints and channels for authenticated processes and passes each channel's memory "
+        "to its two owners only. See docs/daemon.md.",
+    )
+    daemon_options(p)
+    p.set_defaults(func=cmd_daemon)
     return parser
 
 

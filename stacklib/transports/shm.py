@@ -87,6 +87,9 @@ _SIDE_WORD = (8, 24)
 # 64-byte line so the two processes do not bounce one cache line on every message.
 _RING_WORD = (64, 96)
 _TAIL, _HEAD, _SLEEPING, _WAITING = 0, 8, 16, 24
+# Set by the OS service daemon (stacklib.daemon): bit ``1 << side`` means that side's process
+# died and the daemon reclaimed it (the side's state word then reads STATE_CLOSED).
+_RECLAIMED_WORD = 4
 
 STATE_ABSENT, STATE_ATTACHED, STATE_CLOSED = 0, 1, 2
 
@@ -417,7 +420,10 @@ class ShmLink:
         words = self._words
         state = words[self._peer_word + 1]
         if state == STATE_CLOSED:
-            self.failed = f"peer {self.remote} closed the channel"
+            if words[_RECLAIMED_WORD] & (1 << (1 - self.side)):
+                self.failed = f"peer {self.remote} died; the OS service reclaimed its side"
+            else:
+                self.failed = f"peer {self.remote} closed the channel"
             return
         if state != STATE_ATTACHED:
             return  # not arrived yet: a channel may be opened before the peer starts
@@ -457,6 +463,10 @@ class ShmLink:
         self.closed = True
         words = self._words
         words[_SIDE_WORD[self.side] + 1] = STATE_CLOSED
+        # A broker that tracks channels (the daemon's) learns at once that this side is gone.
+        close_region = getattr(self.ni.network.broker, "close_region", None)
+        if close_region is not None:
+            close_region(self.path)
         if words[self._peer_word + 1] != STATE_ATTACHED:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
