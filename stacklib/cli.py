@@ -5,6 +5,8 @@
     stacklib decode FORMAT HEX         pretty-print a frame or descriptor
     stacklib bench ...                 benchmarks (wall-clock performance of stacklib itself)
     stacklib reproduce                 the papers' experiments: paper vs measured
+    stacklib spawn -n N PROGRAM [ARGS] start N ranks of a program on this host (over shm)
+    stacklib daemon                    the OS service daemon for shared-memory endpoints
 
 Exit status: 0 on success, 1 when a reproduced figure is outside its tolerance, 2 for a usage or
 recipe error (the message names the file, the key and the reason).
@@ -167,6 +169,12 @@ def _bench_workload(args: argparse.Namespace) -> Any:
     return run_recipe(attrs.evolve(recipe, workload=kind, workload_params=params), pcap=args.pcap)
 
 
+def cmd_spawn(args: argparse.Namespace) -> int:
+    from stacklib.launch import cmd_spawn as spawn
+
+    return spawn(args.n, args.program, args.args, args.transport)
+
+
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from stacklib.reproduce import run_experiments
 
@@ -303,6 +311,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--plots", metavar="DIR", help="also draw plots into DIR (needs matplotlib)")
     p.set_defaults(func=cmd_reproduce)
+
+    p = commands.add_parser(
+        "spawn",
+        help="start N ranks of a program on this host, connected over shm",
+        description="Start N ranks of PROGRAM (a Python file, or a module run with -m) with "
+        "STACKLIB_RANK, STACKLIB_SIZE, STACKLIB_RENDEZVOUS and STACKLIB_TRANSPORT set; a rank "
+        "calls stacklib.launch.bootstrap() to get a channel to every other rank. Waits for "
+        "all; when one fails, stops the others and exits with its status (docs/launching.md).",
+    )
+    p.add_argument("-n", type=int, required=True, metavar="N", help="number of ranks")
+    p.add_argument(
+        "--transport", choices=["shm", "udp"], default="shm", help="how ranks connect (shm)"
+    )
+    p.add_argument("program", metavar="PROGRAM", help="a Python file or a module name")
+    p.add_argument("args", metavar="ARGS", nargs=argparse.REMAINDER, help="its arguments")
+    p.set_defaults(func=cmd_spawn)
 
     from stacklib.daemon import build_parser as daemon_options
     from stacklib.daemon import cmd_daemon

@@ -65,4 +65,10 @@ def transports() -> Mapping[str, TransportKind]:
 
 
 def _import_builtin_transports() -> None:
-    from stacklib.transports import memory, shm, sim, udp  # noqa: F401  (they register themselves)
+    from stacklib.transports import (  # noqa: F401  (they register themselves)
+        ether,
+        memory,
+        shm,
+        sim,
+        udp,
+    )

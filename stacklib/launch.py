@@ -1,0 +1,373 @@
+"""Start N ranks of a program and connect them: ``stacklib spawn -n N PROGRAM [ARGS]``.
+
+A *rank* is one process of a parallel program (MPI's word).  :func:`spawn` starts N ranks of a
+Python file or module on this host, each with its bootstrap in environment variables:
+
+=====================  ==================================================================
+``STACKLIB_RANK``      this process's rank, 0..N-1
+``STACKLIB_SIZE``      N
+``STACKLIB_RENDEZVOUS``  where the ranks find each other: a directory (shm: the shared-memory
+                       directory of the :class:`~stacklib.transports.shm.ShmNetwork`; udp:
+                       each rank writes its address there), or for udp ``static:H:P,H:P,...``
+                       (rank r binds the r-th address)
+``STACKLIB_TRANSPORT``  ``shm`` (one host) or ``udp`` (across hosts)
+``STACKLIB_HOST``      udp with a directory: the IPv4 address this rank binds (default
+                       127.0.0.1)
+=====================  ==================================================================
+
+It waits for all of them; when one fails it kills the others, names the failed rank and
+exits with its status.  A rank calls :func:`bootstrap` to learn its rank and size and get an
+endpoint with a channel to every other rank.  Across hosts, existing launchers start the ranks
+(ssh, ``mpirun``, ``srun``) and :func:`bootstrap` reads their variables instead
+(:data:`LAUNCHER_VARIABLES`); docs/launching.md shows both ways.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from stacklib.errors import StacklibError
+from stacklib.unet.endpoint import Endpoint
+from stacklib.unet.node import Node
+
+__all__ = [
+    "LAUNCHER_VARIABLES",
+    "LaunchError",
+    "Rank",
+    "bootstrap",
+    "program_argv",
+    "rank_from_environment",
+    "spawn",
+]
+
+#: The port every rank's endpoint has (one endpoint per rank).
+PORT = 1
+
+#: (rank variable, size variable, launcher), in the order :func:`rank_from_environment` tries.
+LAUNCHER_VARIABLES: tuple[tuple[str, str, str], ...] = (
+    ("STACKLIB_RANK", "STACKLIB_SIZE", "stacklib spawn"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "Open MPI mpirun"),
+    ("PMI_RANK", "PMI_SIZE", "MPICH / Intel MPI (Hydra) mpiexec"),
+    ("PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "PMIx (Open MPI 5 prterun)"),
+    ("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MVAPICH2 mpirun_rsh"),
+    ("SLURM_PROCID", "SLURM_NTASKS", "Slurm srun"),
+)
+
+
+class LaunchError(StacklibError):
+    """The bootstrap variables are missing or inconsistent, or the ranks could not meet."""
+
+
+def rank_from_environment(env: Mapping[str, str] | None = None) -> tuple[int, int, str]:
+    """(rank, size, launcher) from the first launcher whose two variables are both set."""
+    env = os.environ if env is None else env
+    for rank_var, size_var, launcher in LAUNCHER_VARIABLES:
+        if rank_var in env and size_var in env:
+            try:
+                rank, size = int(env[rank_var]), int(env[size_var])
+            except ValueError:
+                raise LaunchError(
+                    f"{rank_var}={env[rank_var]!r} / {size_var}={env[size_var]!r}: not integers"
+                ) from None
+            if not 0 <= rank < size:
+                raise LaunchError(f"{rank_var}={rank} is outside 0..{size_var}-1={size - 1}")
+            return rank, size, launcher
+    names = ", ".join(f"{r}+{s}" for r, s, _ in LAUNCHER_VARIABLES)
+    raise LaunchError(f"no rank in the environment (looked for {names}); use stacklib spawn")
+
+
+# ==================================================================== inside a rank
+
+
+@attrs.define
+class Rank:
+    """What :func:`bootstrap` gives a rank: who it is and a channel to every other rank."""
+
+    rank: int
+    size: int
+    transport: str
+    network: object
+    node: Node
+    endpoint: Endpoint
+    #: Channel id on :attr:`endpoint` for each other rank.
+    channels: dict[int, int]
+
+    def rank_of(self, channel: int) -> int:
+        """The rank at the other end of ``channel``."""
+        for rank, channel_id in self.channels.items():
+            if channel_id == channel:
+                return rank
+        raise KeyError(channel)
+
+    def close(self) -> None:
+        """Close the endpoint and this rank's node (the rendezvous belongs to the launcher)."""
+        close = getattr(self.network, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> Rank:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def bootstrap(env: Mapping[str, str] | None = None, *, timeout: float = 30.0) -> Rank:
+    """Read rank and size from the environment and connect to every other rank.
+
+    shm: a :class:`~stacklib.transports.shm.ShmNetwork` on the rendezvous directory, node
+    ``rankR``, endpoint port 1, one channel to each ``rankS:1`` (a channel may be opened before
+    its peer exists).  udp: a :class:`~stacklib.transports.udp.UdpNetwork` node whose address
+    is published in the rendezvous directory (or fixed by a ``static:`` list); returns once
+    every rank has published, so every rank's socket is bound.
+    """
+    env = os.environ if env is None else env
+    rank, size, launcher = rank_from_environment(env)
+    rendezvous = env.get("STACKLIB_RENDEZVOUS")
+    if not rendezvous:
+        raise LaunchError(f"{launcher} started this rank without STACKLIB_RENDEZVOUS")
+    default = "shm" if launcher == "stacklib spawn" else "udp"
+    transport = env.get("STACKLIB_TRANSPORT", default)
+    if transport == "shm":
+        return _bootstrap_shm(rank, size, rendezvous)
+    if transport == "udp":
+        return _bootstrap_udp(rank, size, rendezvous, env.get("STACKLIB_HOST"), timeout)
+    raise LaunchError(f"STACKLIB_TRANSPORT={transport!r}: spawn knows shm and udp")
+
+
+def _bootstrap_shm(rank: int, size: int, directory: str) -> Rank:
+    from stacklib.transports.shm import ShmAddress, ShmNetwork
+
+    if not os.path.isdir(directory):
+        raise LaunchError(f"STACKLIB_RENDEZVOUS={directory!r} is not a directory")
+    network = ShmNetwork(directory=directory)
+    try:
+        node = network.add_node(f"rank{rank}")
+        endpoint = node.os.create_endpoint(node.os.process(f"rank{rank}"), port=PORT)
+        channels = {
+            other: node.os.create_channel(
+                endpoint.owner, endpoint, ShmAddress(f"rank{other}", PORT)
+            )
+            for other in range(size)
+            if other != rank
+        }
+    except BaseException:
+        network.close()
+        raise
+    return Rank(rank, size, "shm", network, node, endpoint, channels)
+
+
+def _static_addresses(spec: str, size: int) -> list[tuple[str, int]]:
+    addresses = []
+    for item in spec.removeprefix("static:").split(","):
+        host, _, port = item.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise LaunchError(f"STACKLIB_RENDEZVOUS: {item!r} is not HOST:PORT")
+        addresses.append((host, int(port)))
+    if len(addresses) != size:
+        raise LaunchError(f"STACKLIB_RENDEZVOUS lists {len(addresses)} addresses for {size} ranks")
+    return addresses
+
+
+def _bootstrap_udp(rank: int, size: int, rendezvous: str, host: str | None, timeout: float) -> Rank:
+    from stacklib.transports.udp import UdpAddress, UdpNetwork
+
+    static = rendezvous.startswith("static:")
+    addresses = _static_addresses(rendezvous, size) if static else None
+    if addresses is not None:
+        host, udp_port = addresses[rank][0], addresses[rank][1]
+    else:
+        if not os.path.isdir(rendezvous):
+            raise LaunchError(f"STACKLIB_RENDEZVOUS={rendezvous!r} is not a directory")
+        host, udp_port = host or "127.0.0.1", 0
+    network = UdpNetwork(host=host)
+    try:
+        node = network.add_node(f"rank{rank}", udp_port=udp_port)
+        endpoint = node.os.create_endpoint(node.os.process(f"rank{rank}"), port=PORT)
+        if addresses is None:
+            address = endpoint.address
+            assert isinstance(address, UdpAddress)
+            _publish(rendezvous, rank, f"{address.host}:{address.udp_port}")
+            addresses = [_wait_for(rendezvous, other, timeout) for other in range(size)]
+        channels = {
+            other: node.os.create_channel(
+                endpoint.owner, endpoint, UdpAddress(addresses[other][0], addresses[other][1], PORT)
+            )
+            for other in range(size)
+            if other != rank
+        }
+    except BaseException:
+        network.close()
+        raise
+    return Rank(rank, size, "udp", network, node, endpoint, channels)
+
+
+def _publish(directory: str, rank: int, text: str) -> None:
+    # Write then rename: a reader sees the whole address or nothing (also on NFS).
+    path = os.path.join(directory, f"rank{rank}.addr")
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "w") as handle:
+        handle.write(text)
+    os.replace(temporary, path)
+
+
+def _wait_for(directory: str, rank: int, timeout: float) -> tuple[str, int]:
+    path = os.path.join(directory, f"rank{rank}.addr")
+    deadline = time.monotonic() + timeout
+    delay = 0.001
+    while True:
+        try:
+            with open(path) as handle:
+                host, _, port = handle.read().rpartition(":")
+            return host, int(port)
+        except FileNotFoundError:
+            if time.monotonic() > deadline:
+                raise LaunchError(
+                    f"rank {rank} did not publish its address in {timeout} s"
+                ) from None
+            time.sleep(delay)  # set-up only, never on the data path
+            delay = min(delay * 2, 0.05)
+
+
+# ==================================================================== the launcher
+
+
+def program_argv(program: str, args: Sequence[str] = ()) -> list[str]:
+    """The command that runs ``program``: a Python file if it is one, else a module name."""
+    if program.endswith(".py") or os.path.isfile(program):
+        return [sys.executable, program, *args]
+    return [sys.executable, "-m", program, *args]
+
+
+def _status(returncode: int) -> int:
+    """A shell-style exit status: 128 + N for a rank killed by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def spawn(
+    n: int,
+    program: str,
+    args: Sequence[str] = (),
+    *,
+    transport: str = "shm",
+    rendezvous: str | None = None,
+    grace: float = 2.0,
+) -> int:
+    """Run ``n`` ranks of ``program`` to completion; the exit status of the first to fail, or 0.
+
+    When a rank fails the others get SIGTERM, then SIGKILL after ``grace`` seconds.  The
+    rendezvous directory (made under /dev/shm unless given) is removed at the end.
+    """
+    if n < 1:
+        raise LaunchError(f"-n must be at least 1, got {n}")
+    if transport not in ("shm", "udp"):
+        raise LaunchError(f"transport {transport!r}: spawn knows shm and udp")
+    owns = rendezvous is None
+    if rendezvous is None:
+        base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        rendezvous = tempfile.mkdtemp(prefix="stacklib-spawn-", dir=base)
+    command = program_argv(program, args)
+    ranks: dict[int, subprocess.Popen[bytes]] = {}
+    pidfds: dict[int, int] = {}
+    try:
+        for rank in range(n):
+            env = dict(os.environ)
+            env.update(
+                STACKLIB_RANK=str(rank),
+                STACKLIB_SIZE=str(n),
+                STACKLIB_RENDEZVOUS=rendezvous,
+                STACKLIB_TRANSPORT=transport,
+            )
+            ranks[rank] = subprocess.Popen(command, env=env)
+            pidfds[os.pidfd_open(ranks[rank].pid)] = rank
+        # A pidfd turns readable when its process exits: wait on all without polling.
+        while pidfds:
+            readable, _, _ = select.select(list(pidfds), [], [])
+            for fd in readable:
+                rank = pidfds.pop(fd)
+                os.close(fd)
+                status = _status(ranks[rank].wait())
+                if status != 0:
+                    print(
+                        f"stacklib spawn: rank {rank} of {n} exited with status {status}; "
+                        "stopping the others",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    return status
+        return 0
+    finally:
+        for fd in pidfds:
+            os.close(fd)
+        _stop(list(ranks.values()), grace)
+        if owns:
+            shutil.rmtree(rendezvous, ignore_errors=True)
+
+
+def _stop(processes: Sequence[subprocess.Popen[bytes]], grace: float) -> None:
+    running = [p for p in processes if p.poll() is None]
+    for process in running:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for process in running:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def cmd_spawn(n: int, program: str, args: Sequence[str], transport: str = "shm") -> int:
+    """What ``stacklib spawn`` runs (the CLI wires its arguments here).
+
+    SIGTERM to the launcher becomes an exit through :func:`spawn`'s clean-up, so killing the
+    launcher (as a batch system does) takes its ranks with it.
+    """
+
+    def terminate(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        return spawn(n, program, args, transport=transport)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m stacklib.launch -n N PROGRAM [ARGS...]`` (same as ``stacklib spawn``)."""
+    parser = argparse.ArgumentParser(prog="stacklib spawn", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    parsed = parser.parse_args(argv)
+    try:
+        return cmd_spawn(parsed.n, parsed.program, parsed.args, parsed.transport)
+    except LaunchError as error:
+        print(f"stacklib spawn: {error}", file=sys.stderr)
+        return 2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add spawn's arguments to an argparse parser (``stacklib spawn`` and ``-m``)."""
+    parser.add_argument("-n", type=int, required=True, metavar="N", help="number of ranks")
+    parser.add_argument(
+        "--transport", choices=["shm", "udp"], default="shm", help="how ranks connect"
+    )
+    parser.add_argument("program", metavar="PROGRAM", help="a Python file or module name")
+    parser.add_argument("args", metavar="ARGS", nargs=argparse.REMAINDER, help="its arguments")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
