@@ -37,3 +37,29 @@ def test_python_examples_run(document: str) -> None:
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             exec(compile(block, document, "exec"), {"__name__": "__main__"})
+
+
+@pytest.mark.parametrize("transport", ["shm", "udp"])
+def test_real_transport_tutorial_program_runs_as_two_ranks(transport: str, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    program = tmp_path / "pingpong.py"
+    program.write_text(code_blocks(REPO / "docs" / "tutorial-real.md", "python")[0])
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stacklib.launch",
+            "-n",
+            "2",
+            "--transport",
+            transport,
+            str(program),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"{transport}: " in done.stdout and "us per 40-byte round trip" in done.stdout
