@@ -68,6 +68,13 @@ Ts = TypeVarTuple("Ts")
 
 _Event = tuple[float, int, Callable[..., object], tuple[object, ...]]
 
+# Bound once: looked up on every event of the hot path.
+_heappush = heapq.heappush
+_INF = math.inf
+_current_task = trio.lowlevel.current_task
+_wait_task_rescheduled = trio.lowlevel.wait_task_rescheduled
+_reschedule = trio.lowlevel.reschedule
+
 
 class World(abc.ABC):
     """Where time comes from and how timed work is scheduled."""
@@ -158,7 +165,7 @@ class _Waiter:
 
     def wake(self) -> None:
         if not self.cancelled:
-            trio.lowlevel.reschedule(self.task)
+            _reschedule(self.task)
 
     def abort(self, raise_cancel: trio.lowlevel.RaiseCancelT) -> trio.lowlevel.Abort:
         self.cancelled = True
@@ -204,11 +211,11 @@ class Simulation(World):
 
     def call_at(self, when: float, fn: Callable[..., object], *args: object) -> None:
         """Schedule ``fn(*args)`` at virtual time ``when`` (FIFO among equal times)."""
-        if not when >= self.clock._now or when == math.inf:
+        if not when >= self.clock._now or when == _INF:
             raise ValueError(
                 f"call_at({when!r}): must be a finite time not before now ({self.clock._now!r})"
             )
-        heapq.heappush(self._heap, (when, next(self._sequence), fn, args))
+        _heappush(self._heap, (when, next(self._sequence), fn, args))
 
     def call_after(self, delay: float, fn: Callable[..., object], *args: object) -> None:
         """Schedule ``fn(*args)`` ``delay`` virtual seconds from now."""
@@ -221,9 +228,13 @@ class Simulation(World):
             raise RuntimeError(
                 f"{self!r} is not running: use sim.run(main) or trio.run(main, clock=sim.clock)"
             )
-        waiter = _Waiter(trio.lowlevel.current_task())
-        self.call_at(when, waiter.wake)
-        await trio.lowlevel.wait_task_rescheduled(waiter.abort)
+        waiter = _Waiter(_current_task())
+        # call_at(when, waiter.wake), inlined (the hot path of every modeled host cost): the
+        # same check and the same heap entry, so the same sequence number and order.
+        if not when >= self.clock._now or when == _INF:
+            self.call_at(when, waiter.wake)  # raises the ValueError
+        _heappush(self._heap, (when, next(self._sequence), waiter.wake, ()))
+        await _wait_task_rescheduled(waiter.abort)
 
     # Running
 

@@ -440,7 +440,8 @@ class Endpoint:
 
     def poll(self) -> Message | None:
         """The next received message, or None: the polling receive model."""
-        self._raise_upcall_error()
+        if self._upcall_error is not None:  # the common case skips the call
+            self._raise_upcall_error()
         descriptor = self.recv_queue.pop()
         if descriptor is None:
             return None

@@ -156,6 +156,7 @@ class I960NI(SimNI):
             tx_backlog=params.output_fifo_cells * (link or fabric.tech).shape(1).per_unit,
         )
         self.params = params
+        self._seconds_cache: tuple[I960Params, tuple[float, ...]] | None = None
         # The firmware's loop interleaves transmit and receive work cell by cell (paper 000
         # §4.2.2-4.2.3: it polls the send queues and the input FIFO in turn).  Charged per
         # message, one FIFO for both would make a one-cell message (an acknowledgment) wait
@@ -183,27 +184,48 @@ class I960NI(SimNI):
         node, vci = typing.cast(tuple[str, int], channel.tx_tag)
         return node, vci, vci
 
+    def _seconds(self) -> tuple[float, ...]:
+        """The per-message constants of tx_timing and rx_timing, in seconds: the very same
+        expressions, evaluated once per params object instead of once per message."""
+        p = self.params
+        cached = self._seconds_cache
+        if cached is not None and cached[0] is p:
+            return cached[1]
+        seconds = (
+            (p.tx_single_us - p.tx_cell_us) * US,  # 0: tx head, single cell
+            p.tx_cell_us * US,  # 1: tx per cell
+            p.tx_msg_us * US,  # 2: tx head, multi-cell
+            p.dma_cell_us * US,  # 3: DMA per cell
+            (p.rx_single_us - p.rx_cell_us) * US,  # 4: rx head, single cell
+            p.rx_msg_us * US,  # 5: rx tail, multi-cell
+            p.rx_cell_us * US,  # 6: rx per cell
+        )
+        self._seconds_cache = (p, seconds)
+        return seconds
+
     def tx_timing(self, nbytes: int, now: float) -> tuple[float, float, float]:
         p = self.params
-        cells = self.link.shape(nbytes).units
+        k = self._seconds()
+        cells = self.wire_shape(nbytes).units
         if cells == 1 and p.inline_threshold:
-            head, per = (p.tx_single_us - p.tx_cell_us) * US, p.tx_cell_us * US
+            head, per = k[0], k[1]
         else:
-            head, per = p.tx_msg_us * US, p.tx_cell_us * US
+            head, per = k[2], k[1]
         first, last = stage(self.engine, now, now, cells, per, head=head)
-        first, last = stage(self.bus, first, last, cells, p.dma_cell_us * US)
+        first, last = stage(self.bus, first, last, cells, k[3])
         return first, last, last
 
     def rx_timing(self, packet: Packet, first_in: float, last_in: float) -> float:
         p = self.params
+        k = self._seconds()
         cells = packet.shape.units
         single = cells == 1 and p.inline_threshold
-        head = (p.rx_single_us - p.rx_cell_us) * US if single else 0.0
+        head = k[4] if single else 0.0
         # The i960 takes each cell off the input FIFO; after the last cell of a multi-cell
         # message it allocates the buffers' descriptor and starts its DMA to the receive queue.
-        tail = 0.0 if single else p.rx_msg_us * US
+        tail = 0.0 if single else k[5]
         rx = self.rx_engine
-        first, last = stage(rx, first_in, last_in, cells, p.rx_cell_us * US, head=head)
+        first, last = stage(rx, first_in, last_in, cells, k[6], head=head)
         engine_done = last + tail
         if tail:
             rx.busy_until = max(rx.busy_until, engine_done)
@@ -214,7 +236,7 @@ class I960NI(SimNI):
             first,
             last,
             cells,
-            p.dma_cell_us * US,
+            k[3],
             store_and_forward=p.rx_dma_after_last,
         )[1]
         return max(engine_done, dma_done)

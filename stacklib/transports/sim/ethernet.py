@@ -170,7 +170,7 @@ class Dc21140NI(SimNI):
 
     def tx_timing(self, nbytes: int, now: float) -> tuple[float, float, float]:
         p = self.params
-        frame = self.link.shape(nbytes)
+        frame = self.wire_shape(nbytes)
         frame_bytes = frame.wire_bytes - 20  # without preamble and inter-frame gap
         # The chip fetches the descriptor and both buffers over PCI, then transmits the frame
         # from its FIFO once it holds all of it.

@@ -267,7 +267,7 @@ class Fabric:
         if self.topology == "hub":
             self.world.call_at(first_out, self._on_medium, packet, first_out, last_out)
             return
-        up = source.link.shape(len(packet.payload)) if source.link is not self.tech else shape
+        up = source.wire_shape(len(packet.payload)) if source.link is not self.tech else shape
         first, last = stage(source.uplink, first_out, last_out, up.units, up.per_unit, tail=up.tail)
         first, last = delay(first, last, self.propagation)
         if self.topology == "direct":
@@ -276,7 +276,8 @@ class Fabric:
         self.world.call_at(first, self._on_switch, packet, first, last)
 
     def _on_switch(self, packet: Packet, first_in: float, last_in: float) -> None:
-        copies = self._faults(packet)
+        # Without faults, _faults returns [packet] and draws nothing: skip the call and list.
+        copies = self._faults(packet) if self.faults.any else (packet,)
         if not copies:
             return
         if self.store_and_forward:
@@ -284,7 +285,7 @@ class Fabric:
         first_in, last_in = delay(first_in, last_in, self.latency)
         destination = self.nis[packet.destination]
         # The switch's output port is the receiver's link, at the receiver's link rate.
-        shape = destination.link.shape(len(packet.payload))
+        shape = destination.wire_shape(len(packet.payload))
         for copy in copies:
             first, last = stage(
                 destination.downlink,

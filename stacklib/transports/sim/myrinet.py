@@ -387,7 +387,7 @@ class MyrinetNI(SimNI):
         return ready
 
     def tx_timing(self, nbytes: int, now: float) -> tuple[float, float, float]:
-        wire = self.link.shape(nbytes)
+        wire = self.wire_shape(nbytes)
         byte = wire.per_unit
         _, lcp_done = stage(self.engine, now, now, 1, self._lcp_send)
         dma_path = self.send_method == "dma" and nbytes > self.inline_threshold

@@ -26,7 +26,7 @@ import attrs
 
 from stacklib.errors import ChannelError
 from stacklib.sim import Host, Resource
-from stacklib.transports.sim.fabric import Fabric, LinkTech, Packet
+from stacklib.transports.sim.fabric import Fabric, LinkTech, Packet, WireShape
 from stacklib.unet.endpoint import Channel, DropReason, Endpoint
 from stacklib.unet.ni import NetworkInterface, Payload
 from stacklib.wire.descriptor import SendDescriptor
@@ -82,9 +82,26 @@ class SimNI(NetworkInterface):
         #: queue fills and the application feels the link's back-pressure.
         self.tx_backlog = tx_backlog
         self._poll_at: float | None = None
+        # Wire shapes of this NI's link by message size, computed once per size (a shape is a
+        # frozen value and a pure function of the link and the size, so sharing one is exact).
+        self._shapes: dict[int, WireShape] = {}
+        self._shapes_link: LinkTech | None = None
         fabric.attach(self, link)
 
     # ------------------------------------------------------------------ addressing
+
+    def wire_shape(self, nbytes: int) -> WireShape:
+        """``self.link.shape(nbytes)``, cached per size (the hot path asks several times per
+        message; a cache belonging to another link is dropped if ``link`` is replaced)."""
+        link = self.link
+        if link is not self._shapes_link:
+            self._shapes = {}
+            self._shapes_link = link
+        shapes = self._shapes
+        shape = shapes.get(nbytes)
+        if shape is None:
+            shape = shapes[nbytes] = link.shape(nbytes)
+        return shape
 
     def address_of(self, endpoint: Endpoint) -> SimAddress:
         return SimAddress(self.name, endpoint.port)
@@ -156,14 +173,16 @@ class SimNI(NetworkInterface):
         destination, rx_key, tag = self.wire_tag(channel, endpoint)
         length = len(data)
         first_out, last_out, injected = self.tx_timing(length, now)
+        # Positional arguments (source, destination, rx_key, payload, dest_offset, shape, tag):
+        # cheaper than keywords on this per-message path.
         packet = Packet(
-            source=self.name,
-            destination=destination,
-            rx_key=rx_key,
-            payload=bytes(data),  # the DMA reads the buffer before it is marked injected
-            dest_offset=descriptor.dest_offset,
-            shape=self.link.shape(length),
-            tag=tag,
+            self.name,
+            destination,
+            rx_key,
+            bytes(data),  # the DMA reads the buffer before it is marked injected
+            descriptor.dest_offset,
+            self.wire_shape(length),
+            tag,
         )
         world.call_at(injected, self._tx_done, endpoint, descriptor, length)
         self.fabric.transmit(packet, first_out, last_out)
