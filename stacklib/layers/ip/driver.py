@@ -76,6 +76,7 @@ from stacklib.stack import Layer, register_layer
 
 if TYPE_CHECKING:
     from stacklib.sim.resources import Resource
+    from stacklib.unet.endpoint import Endpoint
 
 __all__ = [
     "IpEtherLayer",
@@ -175,9 +176,20 @@ class _Endpoint(ProtocolEndpoint):
         self.protocol = protocol
         self._stack = stack
         self._send, self._recv = trio.open_memory_channel[tuple[str, str, bytes]](capacity)
+        self._handler: Callable[[str, str, bytes], None] | None = None
 
     async def recv(self) -> tuple[str, str, bytes]:
         return await self._recv.receive()
+
+    def set_handler(self, handler: Callable[[str, str, bytes], None] | None) -> None:
+        """Have IP call ``handler(source, destination, payload)`` for each datagram, in its own
+        receive task, instead of queueing it for :meth:`recv` (None: queue again).
+
+        For a transport whose input never blocks (TCP's demultiplexer): one task hand-off less
+        per datagram, which on a fast link is a large part of its cost.  ``handler`` must not
+        raise for bad input.
+        """
+        self._handler = handler
 
     def close(self) -> None:
         if self._stack._protocols.get(self.protocol) is self:
@@ -233,6 +245,46 @@ class IpStack(IpService):
         await trio.lowlevel.checkpoint_if_cancelled()
         if self._closed:
             raise trio.ClosedResourceError("the IP layer is closed")
+        ident = self._next_id
+        packet = self._packet(dst, protocol, payload, ttl, ident)
+        self._next_id = (ident + 1) & 0xFFFF
+        self._counts["sent"] += 1
+        self._counts["sent_bytes"] += len(packet)
+        if dst == self._address:
+            reply = self._input(packet, None)  # loopback
+            if reply is not None:
+                await self._answer(reply)
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return
+        await self._transmit(dst, packet)
+
+    def send_nowait(
+        self, dst: str, protocol: int, payload: _Buffer, *, ttl: int | None = None
+    ) -> None:
+        """Send like :meth:`send` if the link takes the packet at once, without blocking or
+        yielding to other tasks; otherwise raise :class:`trio.WouldBlock` having sent nothing
+        (the caller then uses :meth:`send`).  Errors as :meth:`send`.
+
+        For a transport with its own output queue (TCP): a segment goes out from the task that
+        made it rather than through a sender task, a task hand-off less per segment.  Loopback
+        and links that cannot send without waiting (ARP, a modeled host CPU) always block.
+        """
+        if self._closed:
+            raise trio.ClosedResourceError("the IP layer is closed")
+        if dst == self._address:
+            raise trio.WouldBlock  # loopback may answer a ping, which may wait: use send()
+        ident = self._next_id
+        packet = self._packet(dst, protocol, payload, ttl, ident)
+        if not self._transmit_nowait(dst, packet):
+            raise trio.WouldBlock
+        self._next_id = (ident + 1) & 0xFFFF
+        self._counts["sent"] += 1
+        self._counts["sent_bytes"] += len(packet)
+
+    def _packet(
+        self, dst: str, protocol: int, payload: _Buffer, ttl: int | None, ident: int
+    ) -> bytes:
+        """The whole packet to send, after the MTU check (IP never fragments on send)."""
         mtu = self.mtu(dst)
         total = IPV4_HEADER_SIZE + len(payload)
         if total > mtu:
@@ -240,9 +292,7 @@ class IpStack(IpService):
                 f"IP: packet of {total} bytes to {dst} exceeds the MTU of {mtu} bytes "
                 "(IP over U-Net never fragments, paper 000 §7.5)"
             )
-        ident = self._next_id
-        self._next_id = (ident + 1) & 0xFFFF
-        packet = build_ipv4(
+        return build_ipv4(
             Ipv4Packet(
                 self._address,
                 dst,
@@ -253,15 +303,6 @@ class IpStack(IpService):
                 dont_fragment=True,
             )
         )
-        self._counts["sent"] += 1
-        self._counts["sent_bytes"] += total
-        if dst == self._address:
-            reply = self._input(packet, None)  # loopback
-            if reply is not None:
-                await self._answer(reply)
-            await trio.lowlevel.cancel_shielded_checkpoint()
-            return
-        await self._transmit(dst, packet)
 
     def open_protocol(self, protocol: int) -> ProtocolEndpoint:
         if isinstance(protocol, bool) or not isinstance(protocol, int) or not 0 <= protocol <= 255:
@@ -287,6 +328,11 @@ class IpStack(IpService):
     @abc.abstractmethod
     async def _transmit(self, dst: str, packet: bytes) -> None:
         """Send a whole IP packet towards ``dst`` on the link."""
+
+    def _transmit_nowait(self, dst: str, packet: bytes) -> bool:
+        """Send a whole IP packet now if the link takes it without waiting; False (nothing
+        sent) otherwise.  By default a link always waits: :meth:`_transmit`."""
+        return False
 
     def _link_timer(self) -> float | None:
         return None
@@ -335,6 +381,11 @@ class IpStack(IpService):
         endpoint = self._protocols.get(packet.protocol)
         if endpoint is None:
             self._drop("no_protocol")
+            return None
+        handler = endpoint._handler
+        if handler is not None:
+            self._counts["delivered"] += 1
+            handler(packet.src, packet.dst, packet.payload)
             return None
         try:
             endpoint._send.send_nowait((packet.src, packet.dst, packet.payload))
@@ -406,11 +457,15 @@ class UNetIpStack(IpStack):
         self._mtu = min(params.mtu, below.max_message)
         self._cpu: Resource | None = None
         self._copy = 0.0
+        # The endpoint to send on without waiting (send_nowait), when nothing is modeled.
+        self._nowait: Endpoint | None = None
         if isinstance(below, UNetService):
             ni = below.endpoint.ni
             if ni.host_copy_per_byte > 0:
                 self._cpu = ni.host.resource("cpu")
                 self._copy = ni.host_copy_per_byte
+            elif ni.host_send_cost is None:
+                self._nowait = below.endpoint
 
     def __repr__(self) -> str:
         return f"<IP {self._address} over {self._below!r}, {len(self._routes)} peers>"
@@ -447,6 +502,16 @@ class UNetIpStack(IpStack):
 
     async def _transmit(self, dst: str, packet: bytes) -> None:
         await self._below.send(self._routes[dst], packet)
+
+    def _transmit_nowait(self, dst: str, packet: bytes) -> bool:
+        endpoint = self._nowait
+        if endpoint is None:
+            return False
+        try:
+            endpoint.send_nowait(self._routes[dst], packet)
+        except trio.WouldBlock:
+            return False
+        return True
 
     def _learn(self, src: str, channel: int) -> None:
         if self._params.learn_peers and src not in self._routes and src != _LIMITED_BROADCAST:

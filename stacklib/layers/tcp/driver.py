@@ -429,8 +429,11 @@ class TcpStream(trio.abc.HalfCloseableStream):
     # ------------------------------------------------------------------ from the stack
 
     def _wake(self) -> None:
-        self._send_lot.unpark_all()
-        self._recv_lot.unpark_all()
+        # Called after every input and output: most of the time nobody is parked.
+        if self._send_lot:
+            self._send_lot.unpark_all()
+        if self._recv_lot:
+            self._recv_lot.unpark_all()
 
     def _fail(self, error: BaseException) -> None:
         if self._failure is None:
@@ -529,6 +532,19 @@ class TcpStack(StreamService):
         self._out_lot = trio.lowlevel.ParkingLot()
         self._cpu: Resource | None = ip.modeled_cpu
         self._copy = ip.modeled_copy_per_byte
+        if self._cpu is None:
+            # No modeled CPU to charge per segment: let IP's receive task feed segments
+            # straight to the demultiplexer, saving a task hand-off per segment (the receive
+            # loop then only waits for IP to close).  With a modeled CPU the receive loop
+            # charges each segment's cost, so segments go through it as before.
+            set_handler = getattr(self._endpoint, "set_handler", None)
+            if set_handler is not None:
+                set_handler(self._handle)
+        # Likewise on output: segments go to IP from the task that made them while the link
+        # takes them at once (IpStack.send_nowait), rather than each waking the sender task.
+        self._send_nowait: Callable[[str, int, bytes], None] | None = (
+            getattr(ip, "send_nowait", None) if self._cpu is None else None
+        )
         self._sum = params.checksum_us_per_100_bytes * 1e-6 / 100
         self._summed = params.checksum != "none"
         self._counts = dict.fromkeys(
@@ -689,6 +705,18 @@ class TcpStack(StreamService):
         self._dropped[reason] = self._dropped.get(reason, 0) + 1
 
     def _transmit(self, dst: str, segment: bytes) -> None:
+        send_nowait = self._send_nowait
+        if send_nowait is not None and not self._outq:  # behind a queue it would overtake
+            try:
+                send_nowait(dst, _TCP, segment)
+            except LocalProtocolError:
+                self._counts["send_errors"] += 1  # unreachable, or over the MTU
+                return
+            except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+                pass  # the sender task waits for room (or meets the error, and ends)
+            else:
+                self._counts["segments_out"] += 1
+                return
         self._outq.append((dst, segment))
         self._out_lot.unpark()
 
@@ -801,6 +829,9 @@ class TcpStack(StreamService):
             self._input(src, payload)
             if cpu is not None:
                 await cpu.use(self._cost(max(0, len(payload) - HEADER_SIZE)))
+
+    def _handle(self, src: str, dst: str, payload: bytes) -> None:
+        self._input(src, payload)
 
     def _input(self, src: str, payload: bytes) -> None:
         """Dispatch one segment from IP.  Never raises for bad input: drops are counted."""

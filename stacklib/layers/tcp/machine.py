@@ -47,6 +47,7 @@ from stacklib.layers.tcp.wire import (
     TcpFormatError,
     TcpOptions,
     build,
+    build_fields,
     parse,
 )
 
@@ -89,7 +90,12 @@ def seq_add(a: int, n: int) -> int:
 
 
 def seq_diff(a: int, b: int) -> int:
-    """``a - b`` as a signed distance in -2**31 .. 2**31 - 1 (the nearer way round)."""
+    """``a - b`` as a signed distance in -2**31 .. 2**31 - 1 (the nearer way round).
+
+    The per-segment paths below (output engine, window and ACK bookkeeping) write this
+    expression out in place, ``((a - b + _HALF) & _MASK) - _HALF``: a Python call costs more
+    than the arithmetic, and they run it dozens of times per segment.
+    """
     return ((a - b + _HALF) & _MASK) - _HALF
 
 
@@ -112,6 +118,14 @@ def seq_geq(a: int, b: int) -> bool:
     """``a`` is ``b`` or comes after it."""
     return seq_diff(a, b) >= 0
 
+
+# The control bits as plain ints for the per-segment paths: ``&`` and ``|`` on TcpFlags (an
+# IntFlag) run enum's Python code, several times per segment; on ints they are one C operation.
+_FIN = int(TcpFlags.FIN)
+_SYN = int(TcpFlags.SYN)
+_RST = int(TcpFlags.RST)
+_PSH = int(TcpFlags.PSH)
+_ACK = int(TcpFlags.ACK)
 
 # --- states, triggers and the transition table ----------------------------------------------
 
@@ -863,13 +877,13 @@ class TcpConnection:
 
     def _on_synchronized(self, seg: Segment, now: float) -> None:
         """RFC 9293 §3.10.7.4, for SYN-RECEIVED and the synchronized states."""
-        flags = seg.flags
+        flags = int(seg.flags)
         seq = seg.seq
         wnd = self._rcv_window()
         state = self._state
         # RST first, with RFC 5961 §3.2: only an exact match resets; an in-window RST is
         # answered with a challenge ACK (a real peer then sends an exact RST); others dropped.
-        if flags & TcpFlags.RST:
+        if flags & _RST:
             if seq == self._rcv_nxt:
                 self._reset_by_peer()
             elif 0 <= seq_diff(seq, self._rcv_nxt) < max(wnd, 1):
@@ -879,8 +893,8 @@ class TcpConnection:
             return
         if (
             state is TcpState.SYN_RECEIVED
-            and flags & TcpFlags.SYN
-            and not flags & TcpFlags.ACK
+            and flags & _SYN
+            and not flags & _ACK
             and seq == self._irs
         ):
             # The peer resent its SYN: our SYN+ACK was lost.  Answer it again.
@@ -891,14 +905,14 @@ class TcpConnection:
                 self._drop(DropReason.DUPLICATE)
             else:
                 self._drop(DropReason.OUT_OF_WINDOW)
-            if state is TcpState.TIME_WAIT and flags & TcpFlags.FIN:
+            if state is TcpState.TIME_WAIT and flags & _FIN:
                 self._timewait_at = now + 2 * self.config.msl  # a resent FIN restarts 2*MSL
             self._send_ack()
             return
-        if flags & TcpFlags.SYN:
+        if flags & _SYN:
             self._challenge_ack()  # RFC 5961 §4: a SYN in a synchronized state
             return
-        if not flags & TcpFlags.ACK:
+        if not flags & _ACK:
             self._drop(DropReason.NO_ACK)
             return
         ack = seg.ack
@@ -931,7 +945,7 @@ class TcpConnection:
     def _acceptable(self, seg: Segment, wnd: int) -> bool:
         """The four cases of RFC 9293 §3.10.7.4, with Linux's allowance: at a zero window, a
         segment at exactly RCV.NXT is taken for its ACK (and a bare FIN) and its data dropped."""
-        rel = seq_diff(seg.seq, self._rcv_nxt)
+        rel = ((seg.seq - self._rcv_nxt + _HALF) & _MASK) - _HALF
         length = seg.seg_len
         if wnd == 0:
             return rel == 0
@@ -944,24 +958,25 @@ class TcpConnection:
         """The ACK field in a synchronized state (RFC 9293 §3.10.7.4 fifth, RFC 5681, RFC
         6582).  False if the segment must be dropped."""
         ack = seg.ack
-        if seq_gt(ack, self._snd_max):
+        if ((ack - self._snd_max + _HALF) & _MASK) - _HALF > 0:
             self._drop(DropReason.BAD_ACK)
             self._send_ack()
             return False
         old_una = self._snd_una
-        if seq_gt(ack, old_una):
+        una_to_ack = ((ack - old_una + _HALF) & _MASK) - _HALF
+        if una_to_ack > 0:
             self._on_new_ack(ack, now)
         elif (
             ack == old_una
             and self._snd_una != self._snd_max
             and not seg.payload
-            and not seg.flags & (TcpFlags.SYN | TcpFlags.FIN)
+            and not int(seg.flags) & (_SYN | _FIN)
             and seg.window == self._snd_wnd
         ):
             self._on_dup_ack(now)
         # Window update (RFC 9293 §3.10.7.4): only from a segment newer than the last one used.
-        if seq_leq(old_una, ack) and (
-            seq_lt(self._snd_wl1, seg.seq)
+        if ((old_una - ack + _HALF) & _MASK) - _HALF <= 0 and (  # seq_leq(old_una, ack)
+            ((self._snd_wl1 - seg.seq + _HALF) & _MASK) - _HALF < 0
             or (self._snd_wl1 == seg.seq and seq_leq(self._snd_wl2, ack))
         ):
             if seg.window > self._snd_wnd:
@@ -971,7 +986,7 @@ class TcpConnection:
             self._snd_wl1, self._snd_wl2 = seg.seq, ack
         if self._state is TcpState.CLOSED:
             return False
-        fin_acked = self._fin_queued and self._snd_una == seq_add(self._fin_seq(), 1)
+        fin_acked = self._fin_queued and self._snd_una == (self._fin_seq() + 1) & _MASK
         state = self._state
         if fin_acked:
             if state is TcpState.FIN_WAIT_1:
@@ -987,17 +1002,18 @@ class TcpConnection:
         return True
 
     def _on_new_ack(self, ack: int, now: float) -> None:
-        acked = seq_diff(ack, self._snd_una)
-        if self._rtt_seq is not None and seq_gt(ack, self._rtt_seq):
+        acked = ((ack - self._snd_una + _HALF) & _MASK) - _HALF
+        rtt_seq = self._rtt_seq
+        if rtt_seq is not None and ((ack - rtt_seq + _HALF) & _MASK) - _HALF > 0:
             self._rtt_sample(now - self._rtt_time)
             self._rtt_seq = None
         # Drop acknowledged bytes from the send buffer (the FIN is not in it).
-        n = min(max(seq_diff(ack, self._sndbuf_seq), 0), len(self._sndbuf))
+        n = min(max(((ack - self._sndbuf_seq + _HALF) & _MASK) - _HALF, 0), len(self._sndbuf))
         if n:
             del self._sndbuf[:n]
-            self._sndbuf_seq = seq_add(self._sndbuf_seq, n)
+            self._sndbuf_seq = (self._sndbuf_seq + n) & _MASK
         self._snd_una = ack
-        if seq_lt(self._snd_nxt, ack):
+        if ((self._snd_nxt - ack + _HALF) & _MASK) - _HALF < 0:
             self._snd_nxt = ack
         self._retries = 0
         mss = self._eff_mss
@@ -1047,7 +1063,7 @@ class TcpConnection:
     def _on_text(self, seg: Segment, now: float) -> None:
         """Segment text and FIN (RFC 9293 §3.10.7.4 seventh and eighth)."""
         payload = seg.payload
-        fin = bool(seg.flags & TcpFlags.FIN)
+        fin = bool(int(seg.flags) & _FIN)
         if not payload and not fin:
             return
         if self._state not in _RECEIVING:
@@ -1058,14 +1074,14 @@ class TcpConnection:
             return
         seq = seg.seq
         # Trim to the window: what precedes RCV.NXT, and what runs past the advertised edge.
-        head = seq_diff(self._rcv_nxt, seq)
+        head = ((self._rcv_nxt - seq + _HALF) & _MASK) - _HALF
         if head > 0:
             if head > len(payload):  # the FIN too was seen already
                 self._send_ack()
                 return
             payload = payload[head:]
             seq = self._rcv_nxt
-        room = seq_diff(self._rcv_adv, seq)
+        room = ((self._rcv_adv - seq + _HALF) & _MASK) - _HALF
         if len(payload) > room:
             payload = payload[: max(room, 0)]
             fin = False
@@ -1102,7 +1118,7 @@ class TcpConnection:
 
     def _deliver(self, payload: bytes) -> None:
         self._rcvbuf += payload
-        self._rcv_nxt = seq_add(self._rcv_nxt, len(payload))
+        self._rcv_nxt = (self._rcv_nxt + len(payload)) & _MASK
         self._bytes_received += len(payload)
 
     def _drain_ooo(self) -> None:
@@ -1180,29 +1196,34 @@ class TcpConnection:
     def _rcv_window(self) -> int:
         if self._state in (TcpState.CLOSED, TcpState.LISTEN, TcpState.SYN_SENT):
             return 0
-        return max(seq_diff(self._rcv_adv, self._rcv_nxt), 0)
+        return max(((self._rcv_adv - self._rcv_nxt + _HALF) & _MASK) - _HALF, 0)
 
     def _window_can_move(self) -> bool:
-        edge = seq_add(self._rcv_nxt, self._free_space())
+        edge = (self._rcv_nxt + self._free_space()) & _MASK
         threshold = min(self.config.receive_buffer // 2, self._eff_mss)
-        return seq_diff(edge, self._rcv_adv) >= max(threshold, 1)
+        return ((edge - self._rcv_adv + _HALF) & _MASK) - _HALF >= max(threshold, 1)
 
     def _advertise(self) -> int:
         """The window to put in a segment: the right edge moves only by min(buffer / 2, MSS)
         or more (receiver SWS avoidance) and never moves left (RFC 9293 §3.8.6.2.2)."""
-        if self._window_can_move():
-            self._rcv_adv = seq_add(self._rcv_nxt, self._free_space())
-        return min(max(seq_diff(self._rcv_adv, self._rcv_nxt), 0), _MAX_WINDOW)
+        rcv_nxt = self._rcv_nxt
+        # _window_can_move() and _free_space(), written out: this runs for every segment.
+        receive_buffer = self.config.receive_buffer
+        edge = (rcv_nxt + min(max(receive_buffer - len(self._rcvbuf), 0), _MAX_WINDOW)) & _MASK
+        threshold = max(min(receive_buffer // 2, self._eff_mss), 1)
+        if ((edge - self._rcv_adv + _HALF) & _MASK) - _HALF >= threshold:
+            self._rcv_adv = edge
+        return min(max(((self._rcv_adv - rcv_nxt + _HALF) & _MASK) - _HALF, 0), _MAX_WINDOW)
 
     def _flight(self) -> int:
         return seq_diff(self._snd_max, self._snd_una)
 
     def _usable(self) -> int:
-        outstanding = seq_diff(self._snd_nxt, self._snd_una)
+        outstanding = ((self._snd_nxt - self._snd_una + _HALF) & _MASK) - _HALF
         return min(self._snd_wnd, self._cwnd) - outstanding
 
     def _fin_seq(self) -> int:
-        return seq_add(self._sndbuf_seq, len(self._sndbuf))
+        return (self._sndbuf_seq + len(self._sndbuf)) & _MASK
 
     def _output(self, now: float) -> None:
         """Send what the state, the windows, Nagle and SWS avoidance allow, then any ACK owed."""
@@ -1237,14 +1258,14 @@ class TcpConnection:
     def _send_data(self, now: float) -> None:
         cfg = self.config
         mss = self._eff_mss
-        fin_seq = self._fin_seq()
+        fin_seq = (self._sndbuf_seq + len(self._sndbuf)) & _MASK  # _fin_seq()
         while True:
-            unsent = seq_diff(fin_seq, self._snd_nxt)
+            unsent = ((fin_seq - self._snd_nxt + _HALF) & _MASK) - _HALF
             if unsent > 0:
                 size = min(mss, unsent, self._usable())
                 if size <= 0:
                     break
-                resend = seq_lt(self._snd_nxt, self._snd_max)
+                resend = ((self._snd_nxt - self._snd_max + _HALF) & _MASK) - _HALF < 0
                 if not resend and size < mss and not self._force_send:
                     # Sender SWS avoidance and Nagle (RFC 9293 §3.8.6.2.1, RFC 1122 4.2.3.4):
                     # a short segment only if it empties the queue and nothing is in flight
@@ -1258,9 +1279,9 @@ class TcpConnection:
                 self._force_send = False
                 fin = self._fin_queued and size == unsent
                 self._send_range(self._snd_nxt, size, fin, now)
-                self._snd_nxt = seq_add(self._snd_nxt, size + fin)
-                if seq_gt(self._snd_nxt, self._snd_max):
-                    self._snd_max = self._snd_nxt
+                self._snd_nxt = snd_nxt = (self._snd_nxt + size + fin) & _MASK
+                if ((snd_nxt - self._snd_max + _HALF) & _MASK) - _HALF > 0:
+                    self._snd_max = snd_nxt
                 if fin:
                     break
             elif unsent == 0 and self._fin_queued:
@@ -1277,14 +1298,14 @@ class TcpConnection:
 
     def _send_range(self, seq: int, size: int, fin: bool, now: float) -> None:
         """Emit data ``seq .. seq + size`` (and a FIN): a first transmission or a resend."""
-        start = seq_diff(seq, self._sndbuf_seq)
+        start = ((seq - self._sndbuf_seq + _HALF) & _MASK) - _HALF
         payload = bytes(self._sndbuf[start : start + size])
-        flags = TcpFlags.ACK
+        flags = _ACK
         if payload and start + size == len(self._sndbuf):
-            flags |= TcpFlags.PSH
+            flags |= _PSH
         if fin:
-            flags |= TcpFlags.FIN
-        if seq_lt(seq, self._snd_max):
+            flags |= _FIN
+        if ((seq - self._snd_max + _HALF) & _MASK) - _HALF < 0:
             self._retransmissions += 1
             self._rtt_seq = None  # Karn: no sample from anything resent
         else:
@@ -1316,7 +1337,8 @@ class TcpConnection:
     def _update_persist(self, now: float) -> None:
         """Run the persist timer while data waits, nothing is in flight and nothing could be
         sent (a zero window, or one too small for SWS avoidance)."""
-        waiting = seq_diff(self._fin_seq(), self._snd_nxt) > 0
+        fin_seq = (self._sndbuf_seq + len(self._sndbuf)) & _MASK  # _fin_seq()
+        waiting = ((fin_seq - self._snd_nxt + _HALF) & _MASK) - _HALF > 0
         if waiting and self._snd_una == self._snd_max and self._rtx_at is None:
             if self._persist_at is None:
                 self._persist_at = now + self._persist_interval()
@@ -1326,7 +1348,7 @@ class TcpConnection:
                 self._persist_backoff = 0
 
     def _send_ack(self) -> None:
-        self._emit(self._snd_nxt, TcpFlags.ACK)
+        self._emit(self._snd_nxt, _ACK)
 
     def _challenge_ack(self) -> None:
         self._drop(DropReason.CHALLENGED)
@@ -1336,30 +1358,53 @@ class TcpConnection:
     def _emit(
         self,
         seq: int,
-        flags: TcpFlags,
+        flags: int,
         payload: bytes = b"",
         options: TcpOptions | None = None,
     ) -> None:
         ack = 0
         window = 0
-        if flags & TcpFlags.ACK:
+        flags = int(flags)
+        if flags & _ACK:
             ack = self._rcv_nxt
             window = self._advertise()
             self._ack_pending = False
             self._delack_at = None
             self._unacked_segments = 0
-        elif not flags & TcpFlags.RST:
+        elif not flags & _RST:
             window = (
                 self._advertise() if self._state is not TcpState.SYN_SENT else self._free_space()
             )
+        if options is None:
+            # Fast path, every data segment and ACK: the bytes straight from the fields with
+            # the precompiled struct codec, the same bytes build() makes of the Segment below.
+            self._segments_out += 1
+            if self._tx_sum:
+                data = build_fields(
+                    self.local_port,
+                    self.remote_port,
+                    seq,
+                    ack,
+                    flags,
+                    window,
+                    payload,
+                    self.local_ip,
+                    self.remote_ip,
+                )
+            else:
+                data = build_fields(
+                    self.local_port, self.remote_port, seq, ack, flags, window, payload
+                )
+            self._outbox.append(data)
+            return
         segment = Segment(
             src_port=self.local_port,
             dst_port=self.remote_port,
             seq=seq,
             ack=ack,
-            flags=flags,
+            flags=TcpFlags(flags),
             window=window,
-            options=options if options is not None else TcpOptions(),
+            options=options,
             payload=payload,
         )
         self._emit_segment(segment)

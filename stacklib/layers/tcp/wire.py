@@ -48,6 +48,7 @@ them.
 from __future__ import annotations
 
 import enum
+import functools
 import struct
 import sys
 from typing import TYPE_CHECKING
@@ -75,6 +76,7 @@ __all__ = [
     "TcpFormatError",
     "TcpOptions",
     "build",
+    "build_fields",
     "checksum",
     "internet_checksum",
     "parse",
@@ -193,6 +195,8 @@ class TcpOptions:
 
 NO_OPTIONS = TcpOptions()
 NO_FLAGS = TcpFlags(0)
+# Every 9-bit flags value made once: ``TcpFlags(n)`` runs enum's Python code (hot path on parse).
+_FLAGS = tuple(TcpFlags(n) for n in range(0x200))
 
 
 @attrs.frozen(kw_only=True)
@@ -214,7 +218,9 @@ class Segment:
     @property
     def seg_len(self) -> int:
         """Sequence space occupied: payload bytes plus one each for SYN and FIN."""
-        return len(self.payload) + bool(self.flags & TcpFlags.SYN) + bool(self.flags & TcpFlags.FIN)
+        # Plain int arithmetic: IntFlag's ``&`` goes through enum's Python code (hot path).
+        bits = int(self.flags)
+        return len(self.payload) + ((bits >> 1) & 1) + (bits & 1)  # SYN is 0x002, FIN 0x001
 
     def __str__(self) -> str:
         names = "|".join(f.name or "" for f in TcpFlags if f in self.flags) or "-"
@@ -260,9 +266,21 @@ def _address(value: IPv4Address) -> int:
     return int.from_bytes(value, "big")
 
 
-def _pseudo_sum(src: IPv4Address, dst: IPv4Address, length: int) -> int:
+def _pair_sum(src: IPv4Address, dst: IPv4Address) -> int:
     s, d = _address(src), _address(dst)
-    return (s >> 16) + (s & 0xFFFF) + (d >> 16) + (d & 0xFFFF) + PROTOCOL_NUMBER + length
+    return (s >> 16) + (s & 0xFFFF) + (d >> 16) + (d & 0xFFFF) + PROTOCOL_NUMBER
+
+
+# A connection checksums every segment over the same two addresses: remember their sum (hot
+# path).  Only bytes and int are hashable address types; anything else is computed each time.
+_cached_pair_sum = functools.lru_cache(maxsize=256)(_pair_sum)
+_HASHABLE = (bytes, int)
+
+
+def _pseudo_sum(src: IPv4Address, dst: IPv4Address, length: int) -> int:
+    if type(src) in _HASHABLE and type(dst) in _HASHABLE:
+        return _cached_pair_sum(src, dst) + length
+    return _pair_sum(src, dst) + length
 
 
 def checksum(segment: bytes | bytearray | memoryview, src: IPv4Address, dst: IPv4Address) -> int:
@@ -335,7 +353,7 @@ def _finish(
         dst_port=dst_port,
         seq=seq,
         ack=ack,
-        flags=TcpFlags(control & 0x1FF),
+        flags=_FLAGS[control & 0x1FF],
         window=window,
         checksum=csum,
         urgent=urgent,
@@ -424,6 +442,37 @@ def build(
         csum = checksum(data, src, dst)
         data = data[:16] + csum.to_bytes(2, "big") + data[18:]
     return data
+
+
+def build_fields(
+    src_port: int,
+    dst_port: int,
+    seq: int,
+    ack: int,
+    flags: int,
+    window: int,
+    payload: bytes,
+    src: IPv4Address | None = None,
+    dst: IPv4Address | None = None,
+) -> bytes:
+    """The bytes of a segment without options, from its fields: what :func:`build` makes of the
+    same :class:`Segment` (checksum 0 without addresses, urgent 0), without making one.
+
+    The per-segment fast path of :class:`~stacklib.layers.tcp.machine.TcpConnection` (every data
+    segment and ACK): one precompiled ``struct`` pack, no Segment or options objects.
+    """
+    flags = int(flags)
+    if not 0 <= flags <= 0x1FF:
+        raise ValueError(f"flags out of range: {flags:#x}")
+    control = 0x5000 | flags  # data offset 5 words: no options
+    try:
+        head = _FAST.pack(src_port, dst_port, seq, ack, control, window, 0, 0)
+        if src is None or dst is None:
+            return head + payload
+        csum = internet_checksum(head + payload, _pseudo_sum(src, dst, HEADER_SIZE + len(payload)))
+        return _FAST.pack(src_port, dst_port, seq, ack, control, window, csum, 0) + payload
+    except struct.error as exc:
+        raise ValueError(f"TCP header field out of range: {exc}") from None
 
 
 # --- stacklib decode -----------------------------------------------------------------------------
