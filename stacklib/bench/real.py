@@ -6,12 +6,15 @@ magnitude faster.  This benchmark measures it on today's machine, between two re
 * 40-byte ping-pong over the shm transport (busy-polling, and trio tasks that spin then block)
   against the same ping-pong over kernel UDP sockets (blocking ``sendto``/``recvfrom``, the
   fastest kernel path; and, if built, U-Net over the udp transport);
+* UAM (GAM 1.1) request/reply over shm: a four-word request to a handler that replies
+  (:func:`uam_pingpong`), with explicit polling and with trio tasks;
 * one-way message rate over shm with 40-byte messages;
 * bulk bandwidth over shm with 64 KiB messages.
 
-Targets: shm round trip at least 10x below kernel UDP and at most 10 us; at least 100,000
-messages/s; at least 1 GB/s.  With 2 cores, two busy-polling processes use the whole machine
-(PERFORMANCE-NOTES.md "Between two processes"), so other load on the machine shows directly.
+Targets: shm round trip at least 10x below kernel UDP and at most 10 us; UAM request/reply at
+most 20 us; at least 100,000 messages/s; at least 1 GB/s.  With 2 cores, two busy-polling
+processes use the whole machine (PERFORMANCE-NOTES.md "Between two processes"), so other load
+on the machine shows directly.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from collections.abc import Callable, Iterator
 import trio
 
 from stacklib.bench.result import Cell, Column, Result
+from stacklib.layers.uam import UamLayer, UamParams, UamService
+from stacklib.services import UNetService
 from stacklib.transports.shm import (
     PeerSpec,
     ShmAddress,
@@ -60,12 +65,17 @@ def _placement(same_cpu: bool) -> tuple[int | None, int | None]:
     return (cpus[0], cpus[0]) if same_cpu else (cpus[0], cpus[1])
 
 
-def _open(network: ShmNetwork, config: EndpointConfig | None = None) -> tuple[ShmEndpoint, int]:
-    node = network.add_node("main")
+def _open(
+    network: ShmNetwork,
+    config: EndpointConfig | None = None,
+    name: str = "main",
+    remote: str = "peer",
+) -> tuple[ShmEndpoint, int]:
+    node = network.add_node(name)
     endpoint = node.os.create_endpoint(node.os.process("bench"), config, port=1)
     if not isinstance(endpoint, ShmEndpoint):
         raise TypeError(f"expected a ShmEndpoint, got {endpoint!r}")
-    channel = node.os.create_channel(endpoint.owner, endpoint, ShmAddress("peer", 1))
+    channel = node.os.create_channel(endpoint.owner, endpoint, ShmAddress(remote, 1))
     return endpoint, channel
 
 
@@ -119,6 +129,179 @@ async def _trio_pingpong(
         await send(channel, message)
         await recv()
     return (time.perf_counter() - start) / iterations
+
+
+# UAM request/reply between two processes.  Handler 0 at rank 1 replies to handler 1 at rank 0
+# with the request's words; handler 2 at rank 0 hears rank 1 say it is ready (its handler
+# table is filled), so no request meets an empty slot.
+_UAM_ECHO, _UAM_REPLY, _UAM_READY = 0, 1, 2
+_UAM_WORDS = (0x01020304, 0x05060708, 0x090A0B0C, 0x0D0E0F10)
+_UAM_KINDS = ("request", "message")
+_UAM_MODES = ("poll", "trio")
+
+
+def _uam_peer(directory: str, cpu: int | None, kind: str, mode: str, spin: float) -> None:
+    """Rank 1 of :func:`uam_pingpong`, in its own process: a UAM layer over a shm endpoint
+    whose handler replies to each request (or a task echoing messages, ``kind="message"``)."""
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    network = ShmNetwork(directory=directory, spin_time=spin)
+    try:
+        endpoint, channel = _open(network, name="peer", remote="main")
+        trio.run(_uam_serve, endpoint, channel, kind, mode)
+    finally:
+        network.close()
+
+
+async def _uam_serve(endpoint: ShmEndpoint, channel: int, kind: str, mode: str) -> None:
+    params = UamParams(background_poll=mode == "trio")
+    async with UamLayer(params).open(UNetService(endpoint)) as am:
+
+        def echo(peer: int, *args: int) -> None:
+            am.reply(_UAM_REPLY, *args)
+
+        am.register_handler(echo, _UAM_ECHO)
+        am.register_handler(lambda peer, *args: None, _UAM_REPLY)
+        await am.request(channel, _UAM_READY)
+        if kind == "message":
+            while True:
+                peer, data = await am.recv()
+                await am.send(peer, data)
+        if mode == "trio":
+            await trio.sleep_forever()
+        # Explicit polling (GAM's am_poll in a loop), with a checkpoint now and then so the
+        # layer's timers run.
+        poll = am.poll
+        spins = 0
+        while True:
+            if not poll():
+                spins += 1
+                relax(spins)
+                if spins & 255 == 0:
+                    await trio.lowlevel.checkpoint()
+
+
+def uam_pingpong(
+    iterations: int,
+    kind: str = "request",
+    mode: str = "poll",
+    size: int = 40,
+    warmup: int = 200,
+    spin: float = 1e-3,
+) -> float:
+    """Mean round trip (s) of UAM between this process and a peer process over shm.
+
+    ``kind="request"``: a GAM request with four words (a 24-byte PDU, paper 000 §5.2's "single
+    cell") to a handler at the peer that replies with them.  ``mode="poll"``: both sides poll
+    explicitly (``background_poll=False``; ``request_nowait`` then ``poll()`` in a loop until
+    the reply handler has run, as a GAM program does); ``mode="trio"``: this side awaits
+    :meth:`UamService.request` and :meth:`UamService.wait_until`, the peer's background poller
+    runs the handler.  ``kind="message"`` (trio only): ``size``-byte messages through the
+    ``send``/``recv`` face, echoed by a task at the peer.  Both shm networks spin ``spin``
+    seconds before sleeping (the transport's ``spin_time``): with the default 50 us, a round
+    trip slowed by other load puts both sides to sleep and every message then pays a wake-up.
+    """
+    if kind not in _UAM_KINDS or mode not in _UAM_MODES or (kind, mode) == ("message", "poll"):
+        raise ValueError(f"no UAM benchmark of kind {kind!r} in mode {mode!r}")
+    import multiprocessing
+
+    mine, theirs = _placement(False)
+    with ShmNetwork(spin_time=spin) as network, pinned(mine):
+        endpoint, channel = _open(network)
+        context = multiprocessing.get_context("spawn")
+        peer = context.Process(
+            target=_uam_peer,
+            args=(network.directory, theirs, kind, mode, spin),
+            daemon=True,
+        )
+        peer.start()
+        try:
+            _wait_attached(endpoint, channel)
+            return trio.run(_uam_client, endpoint, channel, kind, mode, size, iterations, warmup)
+        finally:
+            peer.kill()
+            peer.join(5)
+
+
+class _Replies:
+    """Rank 0's handlers: count replies, note that the peer is ready."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.ready = False
+
+    def reply(self, peer: int, *args: int) -> None:
+        if args != _UAM_WORDS:
+            raise RuntimeError(f"UAM benchmark: reply carried {args!r}")
+        self.count += 1
+
+    def hello(self, peer: int) -> None:
+        self.ready = True
+
+
+async def _uam_client(
+    endpoint: ShmEndpoint,
+    channel: int,
+    kind: str,
+    mode: str,
+    size: int,
+    iterations: int,
+    warmup: int,
+) -> float:
+    params = UamParams(background_poll=False)
+    replies = _Replies()
+    with trio.fail_after(60 + iterations * 1e-3):
+        async with UamLayer(params).open(UNetService(endpoint)) as am:
+            am.register_handler(lambda peer, *args: None, _UAM_ECHO)
+            am.register_handler(replies.reply, _UAM_REPLY)
+            am.register_handler(replies.hello, _UAM_READY)
+            await am.wait_until(lambda: replies.ready)
+            if kind == "message":
+                run = _uam_messages
+            else:
+                run = _uam_polled if mode == "poll" else _uam_awaited
+            await run(am, channel, size, warmup, replies)
+            start = time.perf_counter()
+            await run(am, channel, size, iterations, replies)
+            elapsed = (time.perf_counter() - start) / iterations
+            if kind == "request" and replies.count != warmup + iterations:
+                raise RuntimeError(f"UAM benchmark: {replies.count} replies")
+            await am.drain()
+            return elapsed
+
+
+async def _uam_polled(
+    am: UamService, channel: int, size: int, count: int, replies: _Replies
+) -> None:
+    poll, request = am.poll, am.request_nowait
+    spins = 0
+    for index in range(count):
+        target = replies.count + 1
+        request(channel, _UAM_ECHO, *_UAM_WORDS)
+        while replies.count < target:
+            if not poll():
+                spins += 1
+                relax(spins)
+        if index & 63 == 0:
+            await trio.lowlevel.checkpoint()  # let the layer's timers run now and then
+
+
+async def _uam_awaited(
+    am: UamService, channel: int, size: int, count: int, replies: _Replies
+) -> None:
+    for _ in range(count):
+        target = replies.count + 1
+        await am.request(channel, _UAM_ECHO, *_UAM_WORDS)
+        await am.wait_until(lambda: replies.count >= target)  # noqa: B023 (awaited here)
+
+
+async def _uam_messages(
+    am: UamService, channel: int, size: int, count: int, replies: _Replies
+) -> None:
+    message = bytes(size)
+    for _ in range(count):
+        await am.send(channel, message)
+        await am.recv()
 
 
 def shm_stream(count: int, size: int) -> float:
@@ -254,6 +437,8 @@ def bench_real(
         ("udp", lambda: udp_pingpong(few, size)),
         ("trio", lambda: shm_pingpong(few, size, "trio")),
         ("udp1", lambda: udp_pingpong(few, size, same_cpu=True)),
+        ("uam", lambda: uam_pingpong(few, "request", "poll")),
+        ("uamtrio", lambda: uam_pingpong(few, "request", "trio")),
         ("rate", lambda: shm_stream(messages, size)),
         ("bulk", lambda: shm_stream(bulk_messages, _BULK)),
     ]
@@ -290,6 +475,20 @@ def bench_real(
         {
             "measurement": f"{size} B ping-pong, kernel UDP, blocking sockets (1 CPU)",
             "value": best["udp1"] * 1e6,
+            "unit": "us RTT",
+            "target": "-",
+            "met": "-",
+        },
+        {
+            "measurement": "UAM request/reply (4 words), shm, explicit poll (2 CPUs)",
+            "value": best["uam"] * 1e6,
+            "unit": "us RTT",
+            "target": "<= 20 us",
+            "met": "yes" if best["uam"] <= 20e-6 else "no",
+        },
+        {
+            "measurement": "UAM request/reply (4 words), shm, trio await + poller (2 CPUs)",
+            "value": best["uamtrio"] * 1e6,
             "unit": "us RTT",
             "target": "-",
             "met": "-",

@@ -29,6 +29,7 @@ from stacklib.services import DatagramService, ReliableService, StreamService, U
 from stacklib.sim import Simulation
 from stacklib.stack import layer_class, open_stack
 from stacklib.transports.memory import MemoryNetwork
+from stacklib.transports.shm import ShmAddress, ShmNetwork
 from stacklib.unet import Endpoint, EndpointConfig, connect
 
 REPO = Path(__file__).resolve().parents[2]
@@ -453,3 +454,123 @@ def test_the_uam_recipe_runs_on_other_transports(transport: str) -> None:
     result = run_recipe(parse_recipe(data, "inline"))
     assert [row["size"] for row in result.rows] == [16, 5000]
     assert all(float(row["rtt_us"]) > 0 for row in result.rows)  # type: ignore[arg-type]
+
+
+# --- the lean path: real transports, receive and handlers in the caller's task ---------------
+
+
+def make_shm_pair(network: ShmNetwork) -> Pair:
+    """Two nodes of one shm network in this process: a real transport (wall-clock time)."""
+    endpoints = []
+    for name, other in (("a", "b"), ("b", "a")):
+        node = network.add_node(name)
+        endpoint = node.os.create_endpoint(node.os.process(f"app-{name}"), BIG, port=1)
+        channel = node.os.create_channel(endpoint.owner, endpoint, ShmAddress(other, 1))
+        endpoints.append((endpoint, channel))
+    (ep_a, ch_a), (ep_b, ch_b) = endpoints
+    return Pair(ep_a, ep_b, ch_a, ch_b)
+
+
+def test_the_lean_path_is_taken_only_on_real_transports() -> None:
+    assert UamService(UNetService(make_pair(MemoryNetwork()).ep_a), UamParams())._endpoint
+    with ShmNetwork() as network:
+        assert UamService(UNetService(make_shm_pair(network).ep_a), UamParams())._endpoint
+    sim = Simulation(seed=1)
+    virtual = UamService(UNetService(make_pair(MemoryNetwork(sim)).ep_a), UamParams())
+    assert virtual._endpoint is None
+
+
+async def test_a_round_trip_needs_no_task_hand_off() -> None:
+    # Explicit polling over shm: the request goes into b's ring at once, b.poll() takes it and
+    # runs the handler, whose reply goes into a's ring at once: no checkpoint in between.
+    quiet = UamLayer(UamParams(background_poll=False))
+    with ShmNetwork() as network:
+        pair = make_shm_pair(network)
+        async with (
+            quiet.open(UNetService(pair.ep_a)) as a,
+            quiet.open(UNetService(pair.ep_b)) as b,
+        ):
+            got: list[tuple[int, ...]] = []
+            echo_tables(a, b, got)
+            for i in range(50):
+                a.request_nowait(pair.ch_a, "ping", i, 2, 3, 4)
+                assert b.poll() == 1
+                assert a.poll() == 1
+                assert got[-1] == (i, 2, 3, 4)
+            assert got == [(i, 2, 3, 4) for i in range(50)]
+            await a.drain()
+            await b.drain()
+            assert b.peer_statistics(pair.ch_b).handled == 50
+
+
+@pytest.mark.parametrize("background", [False, True])
+async def test_lean_requests_are_handled_exactly_once_in_order(background: bool) -> None:
+    layer = UamLayer(UamParams(background_poll=background, window=4))
+    with ShmNetwork() as network, trio.fail_after(30):
+        pair = make_shm_pair(network)
+        async with layer.open(UNetService(pair.ep_a)) as a, layer.open(UNetService(pair.ep_b)) as b:
+            got: list[tuple[int, ...]] = []
+            seen: list[int] = []
+            echo_tables(a, b, got)
+            for am in (a, b):  # SPMD: both tables name it
+                am.register_handler(lambda peer, i: seen.append(i), name="note")
+            done = False
+
+            async def b_polls() -> None:
+                while not done:
+                    b.poll()
+                    await trio.sleep(0)
+
+            async with trio.open_nursery() as nursery:
+                if not background:
+                    nursery.start_soon(b_polls)
+                for i in range(300):  # the window (4) fills: request polls and waits
+                    await a.request(pair.ch_a, "ping", i)
+                    if i % 3 == 0:
+                        await a.request(pair.ch_a, "note", i)
+                await a.wait_until(lambda: len(got) == 300)
+                await a.drain()
+                done = True
+            # Exactly once, in order (real time: a stalled process may retransmit, and the
+            # receiver then drops the duplicates).
+            assert got == [(i,) for i in range(300)]
+            assert seen == list(range(0, 300, 3))
+            assert b.peer_statistics(pair.ch_b).handled == 400
+
+
+async def test_lean_reply_rules_hold() -> None:
+    quiet = UamLayer(UamParams(background_poll=False))
+    with ShmNetwork() as network:
+        pair = make_shm_pair(network)
+        async with (
+            quiet.open(UNetService(pair.ep_a)) as a,
+            quiet.open(UNetService(pair.ep_b)) as b,
+        ):
+            b.register_handler(lambda peer: b.reply(1), index=0)
+            a.register_handler(lambda peer: a.reply(1), index=1)  # a reply handler replying
+            a.request_nowait(pair.ch_a, 0)
+            assert b.poll() == 1
+            with pytest.raises(LocalProtocolError, match="reply handler may not reply"):
+                a.poll()
+            with pytest.raises(LocalProtocolError, match="only from a request handler"):
+                a.reply(1)
+
+
+async def test_lean_message_face_keeps_order() -> None:
+    layer = UamLayer()
+    with ShmNetwork() as network, trio.fail_after(30):
+        pair = make_shm_pair(network)
+        async with layer.open(UNetService(pair.ep_a)) as a, layer.open(UNetService(pair.ep_b)) as b:
+            sizes = [0, 1, 40, 5000, 40, 70000, 3]
+            for index, size in enumerate(sizes):
+                await a.send(pair.ch_a, bytes([index]) * size)
+            for index, size in enumerate(sizes):
+                assert await b.recv() == (pair.ch_b, bytes([index]) * size)
+
+
+def test_uam_benchmark_runs_with_tiny_counts() -> None:
+    from stacklib.bench.real import uam_pingpong
+
+    assert 0 < uam_pingpong(20, "message", "trio", warmup=5) < 1
+    with pytest.raises(ValueError, match="no UAM benchmark"):
+        uam_pingpong(20, "message", "poll")

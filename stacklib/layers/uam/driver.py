@@ -13,6 +13,13 @@ memory regions, and runs up to three tasks while the layer is open:
   only when the application polls, as in the paper ("The UAM layer receives messages by
   explicit polling", §5.1.2).
 
+On real transports (a U-Net endpoint in wall-clock time, no modelled host) the driver takes the
+*lean path* instead: :meth:`UamService.poll` and the waits take datagrams from the endpoint
+themselves and run the machines and handlers in the caller's task; output goes straight to the
+endpoint with ``send_nowait``.  The receive task then only sleeps on the NI (and runs handlers
+with ``background_poll``), and the pump only runs timers and resends what the endpoint refused.
+See docs/uam.md, "Over a real transport".
+
 Costs (only where the NI models the host: ``endpoint.ni.host_copy_per_byte > 0``): every PDU
 sent or received holds the host CPU for ``proto_us`` plus one memory copy of its bytes, "from
 the source data structure into a send buffer and from the receive buffer into the destination
@@ -22,6 +29,7 @@ data structure" (paper 000 §5.2).  On real transports nothing is charged.
 from __future__ import annotations
 
 import math
+import time
 import typing
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -166,6 +174,21 @@ class UamService(ReliableService):
                 self._copy = ni.host_copy_per_byte
                 self._proto = params.proto_us * 1e-6
                 self._bulk = params.bulk_us * 1e-6
+        # The lean path (real transports: a U-Net endpoint, no modelled host, wall-clock
+        # time): the caller's task takes datagrams from the endpoint and runs the machines
+        # and handlers inline, and output goes straight to the endpoint with send_nowait.
+        self._endpoint = None
+        self._spin = 0.0
+        self._pump_deadline = math.inf  # when the lean pump wakes next (inf: only if kicked)
+        self._last_poll = -math.inf  # perf_counter of the application's last lean poll
+        self._deferred: bool | None = None  # in a lean poll: None, or whether to flush after
+        self._sleepers = 0  # tasks waiting for self._progress
+        self._unsent: dict[int, deque[bytes]] = {}
+        if isinstance(below, UNetService) and self._cpu is None:
+            endpoint = below.endpoint
+            if not endpoint.ni.world.virtual:
+                self._endpoint = endpoint
+                self._spin = float(getattr(endpoint.ni, "spin_time", 0.0))
 
     def __repr__(self) -> str:
         return f"<UamService over {self._below!r}, {len(self._machines)} peers>"
@@ -312,6 +335,8 @@ class UamService(ReliableService):
         :class:`RemoteProtocolError` for a get the peer refused, and whatever a handler raised.
         """
         self._raise_pending()
+        if self._endpoint is not None:
+            return self._poll_lean()
         count = 0
         try:
             for peer, machine in list(self._machines.items()):
@@ -322,6 +347,30 @@ class UamService(ReliableService):
             self._current = None
             if count:
                 self._kick()
+        return count
+
+    def _poll_lean(self) -> int:
+        """poll() on the lean path: receive from the endpoint, run the handlers, and transmit
+        once at the end whatever they and the arrivals produced (replies, ACKs)."""
+        self._last_poll = time.perf_counter()
+        nested = self._deferred is not None
+        if not nested:
+            self._deferred = False
+        count = 0
+        try:
+            if self._absorb(flush=False):
+                self._deferred = True
+            for peer, machine in list(self._machines.items()):
+                while (event := machine.next_event()) is not None:
+                    count += 1
+                    self._dispatch(peer, machine, event)
+        finally:
+            self._current = None
+            if not nested:
+                flush = count or self._deferred
+                self._deferred = None
+                if flush:
+                    self._flush()
         return count
 
     async def wait_until(self, predicate: Callable[[], bool]) -> None:
@@ -406,6 +455,145 @@ class UamService(ReliableService):
                 self._arrival.set()
             self._kick()  # window room for the backlog, or an ACK owed for a duplicate
             self._wake()
+
+    async def _receive_lean(self) -> None:
+        """The receive task of the lean path: takes what the application's own polls have not
+        taken yet, runs the handlers at once with ``background_poll``, and sleeps on the NI
+        when nothing arrives (it never holds a datagram across a checkpoint, so datagrams
+        reach the machines in arrival order whichever task takes them)."""
+        endpoint = self._endpoint
+        assert endpoint is not None
+        idle_wait = getattr(endpoint.ni, "idle_wait", None)
+        background = self._params.background_poll
+        while True:
+            if self._closed or endpoint.closed:
+                return
+            if self._absorb():
+                if background:
+                    self._background_poll()
+                await trio.lowlevel.checkpoint()
+                continue
+            if idle_wait is None:
+                # No NI to sleep on: a blocking receive.  Only shm has arrivals from another
+                # process between two polls, and it has idle_wait.
+                try:
+                    message = await endpoint.recv()
+                except (trio.EndOfChannel, trio.ClosedResourceError):
+                    return
+                self._receive_one(message.channel, message.data)
+                self._kick()
+                self._wake()
+                if background:
+                    self._background_poll()
+                continue
+            # Spin with checkpoints for the NI's spin time, then sleep until a peer wakes
+            # the node (a failed peer shows as retransmission timeouts, as in the paper).
+            # While the application polls, keep spinning: asleep, this task would make every
+            # sender pay a wake-up system call.
+            spin = self._spin
+            deadline = time.perf_counter() + spin
+            while (now := time.perf_counter()) < deadline or now < self._last_poll + spin:
+                await trio.lowlevel.checkpoint()
+                if self._closed or self._absorb():
+                    break
+            else:
+                await idle_wait()
+                continue
+            if background:
+                self._background_poll()
+
+    def _background_poll(self) -> None:
+        try:
+            self.poll()
+        except Exception as error:  # handed to the application's next call
+            self._errors.append(error)
+            self._wake()
+
+    def _receive_one(self, peer: int, datagram: bytes) -> None:
+        machine = self._machines.get(peer)
+        if machine is None:
+            machine = self._machines[peer] = self._new_machine()
+        machine.receive(datagram, trio.current_time())
+
+    def _absorb(self, flush: bool = True) -> int:
+        """Lean path: feed every datagram waiting at the endpoint to its machine; returns how
+        many.  Handlers wait for a poll; acknowledgments and window room take effect."""
+        endpoint = self._endpoint
+        assert endpoint is not None
+        poll = endpoint.poll
+        count = 0
+        while (message := poll()) is not None:
+            self._receive_one(message.channel, message.data)
+            count += 1
+        if count:
+            if flush:
+                self._flush()  # window room for the backlog, or an ACK owed for a duplicate
+            self._wake()
+        return count
+
+    def _flush(self, kick: bool = True) -> bool:
+        """Lean path: transmit what the machines want sent, now, with ``send_nowait``; what
+        the endpoint refuses waits (in order) for the pump.  Returns False if something
+        waits.  Kicks the pump only when a timer is due before the pump would wake."""
+        endpoint = self._endpoint
+        assert endpoint is not None
+        send = endpoint.send_nowait
+        now = trio.current_time()
+        moved = False
+        done = True
+        earliest = math.inf
+        for peer, machine in self._machines.items():
+            datagrams = machine.datagrams_to_send(now)
+            waiting = self._unsent.get(peer)
+            if waiting:
+                waiting.extend(datagrams)
+                datagrams = list(waiting)
+                waiting.clear()
+            for index, datagram in enumerate(datagrams):
+                try:
+                    send(peer, datagram)
+                except trio.WouldBlock:
+                    self._unsent.setdefault(peer, deque()).extend(datagrams[index:])
+                    done = False
+                    break
+                moved = True
+            timer = machine.get_timer()
+            if timer is not None and timer < earliest:
+                earliest = timer
+        if kick and (not done or earliest < self._pump_deadline):
+            self._kick_event.set()
+        if moved:
+            self._wake()  # the backlog moved: senders waiting for it may go on
+        return done
+
+    async def _pump_lean(self) -> None:
+        """The pump of the lean path: only timers and what the endpoint refused to take."""
+        while True:
+            kick = self._kick_event = trio.Event()
+            self._pump_deadline = math.inf  # a kick from now on makes it run again
+            # What has arrived counts before a timer fires (after a stall of this process,
+            # an acknowledgment waiting at the endpoint must not be taken for a loss).
+            if self._absorb(flush=False) and self._params.background_poll:
+                self._background_poll()
+            now = trio.current_time()
+            for machine in list(self._machines.values()):
+                timer = machine.get_timer()
+                if timer is not None and timer <= now:
+                    machine.handle_timer(now)
+                    if machine.pending:
+                        self._arrival.set()  # a PeerFailed to report
+                        self._wake()
+            done = self._flush(kick=False)
+            deadline = math.inf
+            for machine in self._machines.values():
+                timer = machine.get_timer()
+                if timer is not None:
+                    deadline = min(deadline, timer)
+            if not done:  # the endpoint's queues are full: try again soon
+                deadline = min(deadline, trio.current_time() + 20e-6)
+            self._pump_deadline = deadline
+            with trio.move_on_at(deadline):
+                await kick.wait()
 
     async def _pump(self) -> None:
         below = self._below
@@ -571,21 +759,41 @@ class UamService(ReliableService):
         await self._wait_until(lambda: machine.request_room > 0, peer)
 
     async def _wait_until(self, predicate: Callable[[], bool], peer: int | None) -> None:
+        spin_until = None
         while True:
             self._check_usable(peer)
-            self.poll()
+            self.poll()  # on the lean path, this receives too
             self._check_usable(peer)
             if predicate():
                 return
+            if self._endpoint is not None:
+                # Lean path: poll from this task for the NI's spin time, then sleep until the
+                # receive task sees an arrival.
+                now = time.perf_counter()
+                if spin_until is None:
+                    spin_until = now + self._spin
+                if now < spin_until:
+                    await trio.lowlevel.checkpoint()
+                    continue
             progress = self._progress
-            await progress.wait()
+            self._sleepers += 1
+            try:
+                await progress.wait()
+            finally:
+                self._sleepers -= 1
 
     def _kick(self) -> None:
-        self._kick_event.set()
+        if self._endpoint is None:
+            self._kick_event.set()
+        elif self._deferred is not None:
+            self._deferred = True  # a lean poll is running: it transmits when done
+        else:
+            self._flush()
 
     def _wake(self) -> None:
-        self._progress.set()
-        self._progress = trio.Event()
+        if self._sleepers:
+            self._progress.set()
+            self._progress = trio.Event()
 
     def _close(self) -> None:
         self._closed = True
@@ -608,7 +816,10 @@ class UamLayer(Layer):
         """Run the layer over ``below`` and yield its :class:`UamService`."""
         self.require_below(below)
         service = UamService(typing.cast(DatagramService, below), self.params)
-        tasks = [(service._receive_loop, "uam receive"), (service._pump, "uam pump")]
+        if service._endpoint is not None:
+            tasks = [(service._receive_lean, "uam receive"), (service._pump_lean, "uam pump")]
+        else:
+            tasks = [(service._receive_loop, "uam receive"), (service._pump, "uam pump")]
         if self.params.background_poll:
             tasks.append((service._poller, "uam poller"))
         async with serve(service, tasks, service._close):
