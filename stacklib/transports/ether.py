@@ -47,14 +47,15 @@ from typing import Any
 import attrs
 import trio
 
-from stacklib.errors import ChannelError, PermissionDenied
+from stacklib.errors import ChannelError
 from stacklib.sim import Host, RealWorld, World
 from stacklib.sim.costs import CostProfile
 from stacklib.transports import TransportKind, register_transport
-from stacklib.unet.endpoint import Channel, DropReason, Endpoint, EndpointConfig, Message
-from stacklib.unet.ni import NetworkInterface, Payload
+from stacklib.unet.endpoint import Channel, DropReason, Endpoint
+from stacklib.unet.ni import Payload
 from stacklib.unet.node import Node
-from stacklib.unet.os_service import OSService, Policy, Principal
+from stacklib.unet.os_service import OSService, Policy
+from stacklib.unet.polled import PolledEndpoint, PolledNI
 from stacklib.wire import unet_eth
 from stacklib.wire.descriptor import SendDescriptor
 
@@ -97,7 +98,7 @@ def open_packet_socket(interface: str, ethertype: int = ETH_P_UNET) -> socket.so
     return sock
 
 
-class EtherNI(NetworkInterface):
+class EtherNI(PolledNI):
     """The NI of one node: a raw packet socket on one interface."""
 
     kind = "ether"
@@ -218,13 +219,6 @@ class EtherNI(NetworkInterface):
             self._sleeper = False
             self._lot.unpark_all()
 
-    async def serve(self) -> None:
-        """Run the NI in a task: deliver arrivals as they come (raising upcalls)."""
-        while True:
-            if not self.progress():
-                await self.idle_wait()
-            await trio.lowlevel.checkpoint()
-
     def close(self) -> None:
         for endpoint in list(self.endpoints.values()):
             if not endpoint.closed:
@@ -232,76 +226,13 @@ class EtherNI(NetworkInterface):
         self.sock.close()
 
 
-class EtherEndpoint(Endpoint):
+class EtherEndpoint(PolledEndpoint):
     """An endpoint whose receive and send calls run the NI."""
 
     ni: EtherNI
 
-    def poll(self) -> Message | None:
-        if not self.recv_queue:
-            self.ni.progress()
-        return super().poll()
 
-    def send_nowait(
-        self, channel: int, data: bytes | bytearray | memoryview, *, dest_offset: int | None = None
-    ) -> SendDescriptor:
-        try:
-            return super().send_nowait(channel, data, dest_offset=dest_offset)
-        except trio.WouldBlock:
-            self.ni.progress()
-            return super().send_nowait(channel, data, dest_offset=dest_offset)
-
-    async def send(
-        self, channel: int, data: bytes | bytearray | memoryview, *, dest_offset: int | None = None
-    ) -> SendDescriptor:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        while True:
-            try:
-                descriptor = self.send_nowait(channel, data, dest_offset=dest_offset)
-            except trio.WouldBlock:
-                await self.ni.idle_wait()
-            else:
-                break
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        return descriptor
-
-    async def recv(self) -> Message:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        message = self.poll()
-        if message is not None:
-            await trio.lowlevel.cancel_shielded_checkpoint()
-            return message
-        while message is None:
-            self._check_usable()
-            await self.ni.idle_wait()
-            message = self.poll()
-        return message
-
-
-class EtherOSService(OSService):
-    """The OS service of an ether node: creates :class:`EtherEndpoint` objects."""
-
-    def create_endpoint(
-        self,
-        owner: Principal,
-        config: EndpointConfig | None = None,
-        *,
-        port: int | None = None,
-        emulated: bool = False,
-    ) -> Endpoint:
-        if emulated:
-            return super().create_endpoint(owner, config, port=port, emulated=True)
-        if owner.pid not in self.principals or self.principals[owner.pid] is not owner:
-            raise PermissionDenied(f"{owner!r} is not a process of {self!r}")
-        endpoint = EtherEndpoint(
-            port=self._free_port(self.ni, port),
-            owner=owner,
-            ni=self.ni,
-            os_service=self,
-            config=config if config is not None else EndpointConfig(),
-        )
-        self.ni._attach(endpoint)
-        return endpoint
+EtherNI.endpoint_class = EtherEndpoint
 
 
 class EtherNetwork:
@@ -338,7 +269,7 @@ class EtherNetwork:
             raise ValueError(f"{self.interface} already has node {next(iter(self.nodes))!r}")
         host = Host(name, self.world, profile)
         ni = EtherNI(name, host, self)
-        node = Node(name, host, ni, EtherOSService(ni, policy=policy))
+        node = Node(name, host, ni, OSService(ni, policy=policy))
         self.nodes[name] = node
         return node
 

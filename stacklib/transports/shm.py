@@ -59,14 +59,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 import trio
 
-from stacklib.errors import ChannelError, PermissionDenied
+from stacklib.errors import ChannelError
 from stacklib.sim import Host, RealWorld, World
 from stacklib.sim.costs import CostProfile
 from stacklib.transports import TransportKind, register_transport
 from stacklib.unet.endpoint import Channel, DropReason, Endpoint, EndpointConfig, Message
-from stacklib.unet.ni import NetworkInterface, Payload
+from stacklib.unet.ni import Payload
 from stacklib.unet.node import Node
-from stacklib.unet.os_service import OSService, Policy, Principal
+from stacklib.unet.os_service import OSService, Policy
+from stacklib.unet.polled import PolledNI
 from stacklib.wire.descriptor import DescriptorStatus, SendDescriptor, SendError
 
 if TYPE_CHECKING:
@@ -485,7 +486,7 @@ class ShmLink:
 # ==================================================================== the NI
 
 
-class ShmNI(NetworkInterface):
+class ShmNI(PolledNI):
     """The NI of one node (usually one process) on a :class:`ShmNetwork`.
 
     It has no processor of its own: the owning process runs it whenever it polls, receives or
@@ -876,31 +877,7 @@ class ShmEndpoint(Endpoint):
             raise PeerGone(f"{self!r} channel {entry.id}: {link.failed}")
 
 
-class ShmOSService(OSService):
-    """The OS service of a shm node: creates :class:`ShmEndpoint` objects."""
-
-    def create_endpoint(
-        self,
-        owner: Principal,
-        config: EndpointConfig | None = None,
-        *,
-        port: int | None = None,
-        emulated: bool = False,
-    ) -> Endpoint:
-        if emulated:
-            return super().create_endpoint(owner, config, port=port, emulated=True)
-        # Same checks as the base service; only the endpoint class differs.
-        if owner.pid not in self.principals or self.principals[owner.pid] is not owner:
-            raise PermissionDenied(f"{owner!r} is not a process of {self!r}")
-        endpoint = ShmEndpoint(
-            port=self._free_port(self.ni, port),
-            owner=owner,
-            ni=self.ni,
-            os_service=self,
-            config=config if config is not None else EndpointConfig(),
-        )
-        self.ni._attach(endpoint)
-        return endpoint
+ShmNI.endpoint_class = ShmEndpoint
 
 
 # ==================================================================== the network
@@ -961,7 +938,7 @@ class ShmNetwork:
             raise ValueError(f"node {name!r} already exists")
         host = Host(name, self.world, profile)
         ni = ShmNI(name, host, self)
-        node = Node(name, host, ni, ShmOSService(ni, policy=policy))
+        node = Node(name, host, ni, OSService(ni, policy=policy))
         self.nodes[name] = node
         return node
 

@@ -38,14 +38,15 @@ import attrs
 import construct as c
 import trio
 
-from stacklib.errors import ChannelError, FormatError, PermissionDenied
+from stacklib.errors import ChannelError, FormatError
 from stacklib.sim import Host, RealWorld, World
 from stacklib.sim.costs import CostProfile
 from stacklib.transports import TransportKind, register_transport
-from stacklib.unet.endpoint import Channel, DropReason, Endpoint, EndpointConfig, Message
-from stacklib.unet.ni import NetworkInterface, Payload
+from stacklib.unet.endpoint import Channel, DropReason, Endpoint
+from stacklib.unet.ni import Payload
 from stacklib.unet.node import Node
-from stacklib.unet.os_service import OSService, Policy, Principal
+from stacklib.unet.os_service import OSService, Policy
+from stacklib.unet.polled import PolledEndpoint, PolledNI
 from stacklib.wire.descriptor import SendDescriptor
 
 VERSION = 1
@@ -115,7 +116,7 @@ class UdpAddress:
         return f"{self.host}:{self.udp_port}/{self.port}"
 
 
-class UdpNI(NetworkInterface):
+class UdpNI(PolledNI):
     """The NI of one node: one non-blocking UDP socket."""
 
     kind = "udp"
@@ -223,13 +224,6 @@ class UdpNI(NetworkInterface):
             self._sleeper = False
             self._lot.unpark_all()
 
-    async def serve(self) -> None:
-        """Run the NI in a task: deliver arrivals as they come (raising upcalls)."""
-        while True:
-            if not self.progress():
-                await self.idle_wait()
-            await trio.lowlevel.checkpoint()
-
     def close(self) -> None:
         for endpoint in list(self.endpoints.values()):
             if not endpoint.closed:
@@ -237,76 +231,13 @@ class UdpNI(NetworkInterface):
         self.sock.close()
 
 
-class UdpEndpoint(Endpoint):
+class UdpEndpoint(PolledEndpoint):
     """An endpoint whose receive and send calls run the NI."""
 
     ni: UdpNI
 
-    def poll(self) -> Message | None:
-        if not self.recv_queue:
-            self.ni.progress()
-        return super().poll()
 
-    def send_nowait(
-        self, channel: int, data: bytes | bytearray | memoryview, *, dest_offset: int | None = None
-    ) -> SendDescriptor:
-        try:
-            return super().send_nowait(channel, data, dest_offset=dest_offset)
-        except trio.WouldBlock:
-            self.ni.progress()
-            return super().send_nowait(channel, data, dest_offset=dest_offset)
-
-    async def send(
-        self, channel: int, data: bytes | bytearray | memoryview, *, dest_offset: int | None = None
-    ) -> SendDescriptor:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        while True:
-            try:
-                descriptor = self.send_nowait(channel, data, dest_offset=dest_offset)
-            except trio.WouldBlock:
-                await self.ni.idle_wait()
-            else:
-                break
-        await trio.lowlevel.cancel_shielded_checkpoint()
-        return descriptor
-
-    async def recv(self) -> Message:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        message = self.poll()
-        if message is not None:
-            await trio.lowlevel.cancel_shielded_checkpoint()
-            return message
-        while message is None:
-            self._check_usable()
-            await self.ni.idle_wait()
-            message = self.poll()
-        return message
-
-
-class UdpOSService(OSService):
-    """The OS service of a udp node: creates :class:`UdpEndpoint` objects."""
-
-    def create_endpoint(
-        self,
-        owner: Principal,
-        config: EndpointConfig | None = None,
-        *,
-        port: int | None = None,
-        emulated: bool = False,
-    ) -> Endpoint:
-        if emulated:
-            return super().create_endpoint(owner, config, port=port, emulated=True)
-        if owner.pid not in self.principals or self.principals[owner.pid] is not owner:
-            raise PermissionDenied(f"{owner!r} is not a process of {self!r}")
-        endpoint = UdpEndpoint(
-            port=self._free_port(self.ni, port),
-            owner=owner,
-            ni=self.ni,
-            os_service=self,
-            config=config if config is not None else EndpointConfig(),
-        )
-        self.ni._attach(endpoint)
-        return endpoint
+UdpNI.endpoint_class = UdpEndpoint
 
 
 class UdpNetwork:
@@ -347,7 +278,7 @@ class UdpNetwork:
             raise ValueError(f"node {name!r} already exists")
         host = Host(name, self.world, profile)
         ni = UdpNI(name, host, self, (self.host, udp_port))
-        node = Node(name, host, ni, UdpOSService(ni, policy=policy))
+        node = Node(name, host, ni, OSService(ni, policy=policy))
         self.nodes[name] = node
         return node
 

@@ -62,6 +62,9 @@ class NetworkInterface:
 
     #: Short name of the NI kind, for recipes and statistics.
     kind = "abstract"
+    #: The endpoint class the OS service creates on this NI (transports whose endpoints drive
+    #: the NI themselves give their own).
+    endpoint_class: type[Endpoint] = Endpoint
 
     def __init__(
         self,

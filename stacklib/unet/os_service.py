@@ -148,7 +148,7 @@ class OSService:
         if owner.pid not in self.principals or self.principals[owner.pid] is not owner:
             raise PermissionDenied(f"{owner!r} is not a process of {self!r}")
         ni = self.emulation if emulated else self.ni
-        endpoint = Endpoint(
+        endpoint = ni.endpoint_class(
             port=self._free_port(ni, port),
             owner=owner,
             ni=ni,

@@ -1,0 +1,83 @@
+"""NIs that the application's own calls drive: the real transports of today's machines.
+
+A real transport has no NI processor of its own (the i960's role): the host does the NI's work
+when the application sends or receives, or in a task that serves the NI.  :class:`PolledNI` is
+that NI's shape (``progress`` moves what can move without blocking, ``idle_wait`` sleeps until
+there may be more), and :class:`PolledEndpoint` the endpoint whose receive and send calls run
+it.  Transports subclass both; the OS service creates the NI's ``endpoint_class``.
+"""
+
+from __future__ import annotations
+
+import abc
+
+import trio
+
+from stacklib.unet.endpoint import Endpoint, Message
+from stacklib.unet.ni import NetworkInterface
+from stacklib.wire.descriptor import SendDescriptor
+
+
+class PolledNI(NetworkInterface):
+    """An NI whose work is done by the host when asked: ``progress``, ``idle_wait``, ``serve``."""
+
+    @abc.abstractmethod
+    def progress(self) -> int:
+        """Deliver what has arrived and take what can be sent, without blocking; how much."""
+
+    @abc.abstractmethod
+    async def idle_wait(self) -> None:
+        """Sleep until the NI may have something to do."""
+
+    async def serve(self) -> None:
+        """Run the NI in a task: deliver arrivals as they come (raising upcalls)."""
+        while True:
+            if not self.progress():
+                await self.idle_wait()
+            await trio.lowlevel.checkpoint()
+
+
+class PolledEndpoint(Endpoint):
+    """An endpoint whose receive and send calls run its :class:`PolledNI`."""
+
+    ni: PolledNI
+
+    def poll(self) -> Message | None:
+        if not self.recv_queue:
+            self.ni.progress()
+        return super().poll()
+
+    def send_nowait(
+        self, channel: int, data: bytes | bytearray | memoryview, *, dest_offset: int | None = None
+    ) -> SendDescriptor:
+        try:
+            return super().send_nowait(channel, data, dest_offset=dest_offset)
+        except trio.WouldBlock:
+            self.ni.progress()
+            return super().send_nowait(channel, data, dest_offset=dest_offset)
+
+    async def send(
+        self, channel: int, data: bytes | bytearray | memoryview, *, dest_offset: int | None = None
+    ) -> SendDescriptor:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while True:
+            try:
+                descriptor = self.send_nowait(channel, data, dest_offset=dest_offset)
+            except trio.WouldBlock:
+                await self.ni.idle_wait()
+            else:
+                break
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return descriptor
+
+    async def recv(self) -> Message:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        message = self.poll()
+        if message is not None:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return message
+        while message is None:
+            self._check_usable()
+            await self.ni.idle_wait()
+            message = self.poll()
+        return message
