@@ -51,11 +51,12 @@ from stacklib.errors import ChannelError
 from stacklib.sim import Host, RealWorld, World
 from stacklib.sim.costs import CostProfile
 from stacklib.transports import TransportKind, register_transport
+from stacklib.transports.socket_ni import SocketNI
 from stacklib.unet.endpoint import Channel, DropReason, Endpoint
 from stacklib.unet.ni import Payload
 from stacklib.unet.node import Node
 from stacklib.unet.os_service import OSService, Policy
-from stacklib.unet.polled import PolledEndpoint, PolledNI
+from stacklib.unet.polled import PolledEndpoint
 from stacklib.wire import unet_eth
 from stacklib.wire.descriptor import SendDescriptor
 
@@ -98,7 +99,7 @@ def open_packet_socket(interface: str, ethertype: int = ETH_P_UNET) -> socket.so
     return sock
 
 
-class EtherNI(PolledNI):
+class EtherNI(SocketNI):
     """The NI of one node: a raw packet socket on one interface."""
 
     kind = "ether"
@@ -113,14 +114,11 @@ class EtherNI(PolledNI):
         )
         self.network = network
         self.interface = network.interface
-        self.sock = open_packet_socket(self.interface)
+        self._init_socket(open_packet_socket(self.interface))
         # The bound address holds the interface's MAC (correct in any namespace, unlike sysfs).
         self._mac_bytes = bytes(self.sock.getsockname()[4][:6])
         self.mac = unet_eth.mac_str(self._mac_bytes)
         self._buffer = bytearray(65536)  # an MTU above 1500 must not truncate a frame silently
-        self._tx_blocked = False
-        self._sleeper = False
-        self._lot = trio.lowlevel.ParkingLot()
         #: Frames the kernel refused for good (interface down): visible losses.
         self.lost = 0
         #: Frames for another host, broadcast or multicast: not U-Net traffic for this node.
@@ -201,29 +199,11 @@ class EtherNI(PolledNI):
             self._resume()
         return delivered
 
-    async def idle_wait(self) -> None:
-        """Sleep until the socket is ready (one task per node; others park behind it)."""
-        if self._sleeper:
-            await self._lot.park()
-            return
-        self._sleeper = True
-        try:
-            if self._tx_blocked:
-                # The packet socket has no writable edge for a full device queue everywhere;
-                # a short sleep retries without spinning.
-                with trio.move_on_after(0.001):
-                    await trio.lowlevel.wait_writable(self.sock)
-            else:
-                await trio.lowlevel.wait_readable(self.sock)
-        finally:
-            self._sleeper = False
-            self._lot.unpark_all()
-
-    def close(self) -> None:
-        for endpoint in list(self.endpoints.values()):
-            if not endpoint.closed:
-                endpoint.close()
-        self.sock.close()
+    async def _wait_writable(self) -> None:
+        # The packet socket has no writable edge for a full device queue everywhere; a short
+        # sleep retries without spinning.
+        with trio.move_on_after(0.001):
+            await trio.lowlevel.wait_writable(self.sock)
 
 
 class EtherEndpoint(PolledEndpoint):

@@ -42,11 +42,12 @@ from stacklib.errors import ChannelError, FormatError
 from stacklib.sim import Host, RealWorld, World
 from stacklib.sim.costs import CostProfile
 from stacklib.transports import TransportKind, register_transport
+from stacklib.transports.socket_ni import SocketNI
 from stacklib.unet.endpoint import Channel, DropReason, Endpoint
 from stacklib.unet.ni import Payload
 from stacklib.unet.node import Node
 from stacklib.unet.os_service import OSService, Policy
-from stacklib.unet.polled import PolledEndpoint, PolledNI
+from stacklib.unet.polled import PolledEndpoint
 from stacklib.wire.descriptor import SendDescriptor
 
 VERSION = 1
@@ -116,7 +117,7 @@ class UdpAddress:
         return f"{self.host}:{self.udp_port}/{self.port}"
 
 
-class UdpNI(PolledNI):
+class UdpNI(SocketNI):
     """The NI of one node: one non-blocking UDP socket."""
 
     kind = "udp"
@@ -130,13 +131,10 @@ class UdpNI(PolledNI):
             direct_access=False,
         )
         self.network = network
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._init_socket(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
         self.sock.setblocking(False)
         self.sock.bind(bind)
         self.local = self.sock.getsockname()
-        self._tx_blocked = False
-        self._sleeper = False
-        self._lot = trio.lowlevel.ParkingLot()
         self.spin_time = network.spin_time
         #: Datagrams the kernel reported lost or refused (visible losses only).
         self.lost = 0
@@ -208,27 +206,6 @@ class UdpNI(PolledNI):
             self._tx_blocked = False
             self._resume()
         return delivered
-
-    async def idle_wait(self) -> None:
-        """Sleep until the socket is readable (one task per node; others park behind it)."""
-        if self._sleeper:
-            await self._lot.park()
-            return
-        self._sleeper = True
-        try:
-            if self._tx_blocked:
-                await trio.lowlevel.wait_writable(self.sock)
-            else:
-                await trio.lowlevel.wait_readable(self.sock)
-        finally:
-            self._sleeper = False
-            self._lot.unpark_all()
-
-    def close(self) -> None:
-        for endpoint in list(self.endpoints.values()):
-            if not endpoint.closed:
-                endpoint.close()
-        self.sock.close()
 
 
 class UdpEndpoint(PolledEndpoint):
