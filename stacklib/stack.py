@@ -45,8 +45,10 @@ class Layer(abc.ABC):
         """Raise :class:`AssemblyError` unless ``below`` provides what this layer requires
         (for layers opened directly, without :func:`open_stack`'s check)."""
         if not isinstance(below, self.requires):
+            kind = self.requires.kind
+            article = "an" if kind[0] in "aeiou" else "a"
             raise AssemblyError(
-                f"layer {self.name!r} requires a {self.requires.kind!r} service "
+                f"layer {self.name!r} requires {article} {kind!r} service "
                 f"({self.requires.__name__}), got {type(below).__name__}"
             )
 

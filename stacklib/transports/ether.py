@@ -54,7 +54,7 @@ from stacklib.transports import TransportKind, register_transport
 from stacklib.transports.socket_ni import SocketNI
 from stacklib.unet.endpoint import Channel, DropReason, Endpoint
 from stacklib.unet.ni import Payload
-from stacklib.unet.node import Node
+from stacklib.unet.node import Node, total_drops
 from stacklib.unet.os_service import OSService, Policy
 from stacklib.unet.polled import PolledEndpoint
 from stacklib.wire import unet_eth
@@ -254,11 +254,7 @@ class EtherNetwork:
         return node
 
     def dropped(self) -> dict[str, int]:
-        total: dict[str, int] = {}
-        for node in self.nodes.values():
-            for reason, count in node.ni.dropped.items():
-                total[reason] = total.get(reason, 0) + count
-        return total
+        return total_drops(self.nodes.values())
 
     def close(self) -> None:
         for node in self.nodes.values():

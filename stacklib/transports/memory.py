@@ -23,7 +23,7 @@ from stacklib.sim.costs import CostProfile
 from stacklib.transports import TransportKind, register_transport
 from stacklib.unet.endpoint import Channel, Endpoint
 from stacklib.unet.ni import NetworkInterface, Payload
-from stacklib.unet.node import Node
+from stacklib.unet.node import Node, total_drops
 from stacklib.unet.os_service import OSService, Policy
 from stacklib.wire.descriptor import SendDescriptor
 
@@ -145,11 +145,7 @@ class MemoryNetwork:
 
     def dropped(self) -> dict[str, int]:
         """Drops by reason summed over every NI of the network."""
-        total: dict[str, int] = {}
-        for node in self.nodes.values():
-            for reason, count in node.ni.dropped.items():
-                total[reason] = total.get(reason, 0) + count
-        return total
+        return total_drops(self.nodes.values())
 
 
 @attrs.frozen

@@ -65,7 +65,7 @@ from stacklib.sim.costs import CostProfile
 from stacklib.transports import TransportKind, register_transport
 from stacklib.unet.endpoint import Channel, DropReason, Endpoint, EndpointConfig, Message
 from stacklib.unet.ni import Payload
-from stacklib.unet.node import Node
+from stacklib.unet.node import Node, total_drops
 from stacklib.unet.os_service import OSService, Policy
 from stacklib.unet.polled import PolledNI
 from stacklib.wire.descriptor import DescriptorStatus, SendDescriptor, SendError
@@ -944,11 +944,7 @@ class ShmNetwork:
 
     def dropped(self) -> dict[str, int]:
         """Drops by reason summed over this process's NIs."""
-        total: dict[str, int] = {}
-        for node in self.nodes.values():
-            for reason, count in node.ni.dropped.items():
-                total[reason] = total.get(reason, 0) + count
-        return total
+        return total_drops(self.nodes.values())
 
     def close(self) -> None:
         """Close this process's nodes; remove the directory if this network made it."""

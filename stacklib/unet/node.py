@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import attrs
@@ -21,3 +23,11 @@ class Node:
     host: Host
     ni: NetworkInterface
     os: OSService
+
+
+def total_drops(nodes: Iterable[Node]) -> dict[str, int]:
+    """Drops by reason summed over the NIs of ``nodes`` (a network's ``dropped()``)."""
+    total: Counter[str] = Counter()
+    for node in nodes:
+        total.update(node.ni.dropped)
+    return dict(total)

@@ -36,8 +36,9 @@ from __future__ import annotations
 
 import abc
 import math
+import typing
 from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -72,7 +73,7 @@ from stacklib.layers.ip.wire import (
 )
 from stacklib.services import DatagramService, Service, UNetService
 from stacklib.sim.costs import cited
-from stacklib.stack import Layer, register_layer
+from stacklib.stack import Layer, register_layer, serve
 
 if TYPE_CHECKING:
     from stacklib.sim.resources import Resource
@@ -623,23 +624,9 @@ class IpEtherStack(IpStack):
                 self._drop("unknown_ethertype")
 
 
-@asynccontextmanager
-async def _run(stack: UNetIpStack | IpEtherStack) -> AsyncIterator[Any]:
-    body_error: BaseException | None = None
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(stack._receive_loop, name="ip receive")
-        nursery.start_soon(stack._timer_loop, name="ip timers")
-        try:
-            yield stack
-        except BaseException as error:
-            # Re-raised below, outside the nursery, so the caller gets its own exception
-            # and not an ExceptionGroup wrapping it.
-            body_error = error
-        finally:
-            nursery.cancel_scope.cancel()
-            stack._close()
-    if body_error is not None:
-        raise body_error
+def _run(stack: UNetIpStack | IpEtherStack) -> AbstractAsyncContextManager[Any]:
+    tasks = [(stack._receive_loop, "ip receive"), (stack._timer_loop, "ip timers")]
+    return serve(stack, tasks, stack._close)
 
 
 @register_layer
@@ -656,11 +643,8 @@ class IpLayer(Layer):
     @asynccontextmanager
     async def open(self, below: Service) -> AsyncIterator[UNetIpStack]:
         """Run IP over ``below`` and yield its :class:`UNetIpStack`."""
-        if not isinstance(below, DatagramService):
-            raise AssemblyError(
-                f"layer 'ip' requires a 'datagram' service (DatagramService), got "
-                f"{type(below).__name__}"
-            )
+        self.require_below(below)
+        below = typing.cast(DatagramService, below)
         for address, channel in self.params.peers.items():
             if channel not in below.peers:
                 raise AssemblyError(
@@ -685,10 +669,6 @@ class IpEtherLayer(Layer):
     @asynccontextmanager
     async def open(self, below: Service) -> AsyncIterator[IpEtherStack]:
         """Run IP over ``below`` and yield its :class:`IpEtherStack`."""
-        if not isinstance(below, FrameService):
-            raise AssemblyError(
-                f"layer 'ip-ether' requires a 'frames' service (FrameService), got "
-                f"{type(below).__name__}"
-            )
-        async with _run(IpEtherStack(below, self.params)) as stack:
+        self.require_below(below)
+        async with _run(IpEtherStack(typing.cast(FrameService, below), self.params)) as stack:
             yield stack

@@ -38,6 +38,7 @@ import math
 import operator
 import random
 import struct
+import typing
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -47,7 +48,7 @@ import attrs
 import trio
 import trio.lowlevel
 
-from stacklib.errors import AssemblyError, LocalProtocolError, StacklibError
+from stacklib.errors import LocalProtocolError, StacklibError
 from stacklib.layers.ip.service import IpService, ProtocolEndpoint
 from stacklib.layers.ip.wire import IPV4_HEADER_SIZE, IpProtocol, ip_bytes
 from stacklib.layers.tcp.machine import (
@@ -75,7 +76,7 @@ from stacklib.layers.tcp.wire import (
 )
 from stacklib.services import Service, StreamService
 from stacklib.sim.costs import cited
-from stacklib.stack import Layer, register_layer
+from stacklib.stack import Layer, register_layer, serve
 
 if TYPE_CHECKING:
     from stacklib.sim.resources import Resource
@@ -984,26 +985,15 @@ class TcpLayer(Layer):
     @asynccontextmanager
     async def open(self, below: Service) -> AsyncIterator[TcpStack]:
         """Run TCP over ``below`` and yield its :class:`TcpStack`."""
-        if not isinstance(below, IpService):
-            raise AssemblyError(
-                f"layer 'tcp' requires an 'ip' service (IpService), got {type(below).__name__}"
-            )
-        stack = TcpStack(below, self.params, _world_rng(below, self.params))
+        self.require_below(below)
+        ip = typing.cast(IpService, below)
+        stack = TcpStack(ip, self.params, _world_rng(ip, self.params))
         if self.params.service_port:
             stack._service_listener = stack._listen(self.params.service_port, self.params.backlog)
-        body_error: BaseException | None = None
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(stack._receive_loop, name="tcp demultiplexer")
-            nursery.start_soon(stack._timer_loop, name="tcp timers")
-            nursery.start_soon(stack._send_loop, name="tcp sender")
-            try:
-                yield stack
-            except BaseException as error:
-                # Re-raised below, outside the nursery, so the caller gets its own exception
-                # and not an ExceptionGroup wrapping it.
-                body_error = error
-            finally:
-                nursery.cancel_scope.cancel()
-                stack._close()
-        if body_error is not None:
-            raise body_error
+        tasks = [
+            (stack._receive_loop, "tcp demultiplexer"),
+            (stack._timer_loop, "tcp timers"),
+            (stack._send_loop, "tcp sender"),
+        ]
+        async with serve(stack, tasks, stack._close):
+            yield stack

@@ -32,6 +32,7 @@ in the caller's task (paper 000 §7.5: IP's send side "is collapsed into the tra
 
 from __future__ import annotations
 
+import typing
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -41,7 +42,7 @@ import attrs
 import trio
 import trio.lowlevel
 
-from stacklib.errors import AssemblyError, LocalProtocolError
+from stacklib.errors import LocalProtocolError
 from stacklib.layers.ip.service import IpService, ProtocolEndpoint, UdpService, UdpSocket
 from stacklib.layers.ip.wire import (
     IPV4_HEADER_SIZE,
@@ -54,7 +55,7 @@ from stacklib.layers.ip.wire import (
 from stacklib.layers.udp.wire import HEADER_CODEC, HEADER_SIZE, ChecksumPolicy
 from stacklib.services import Service
 from stacklib.sim.costs import cited
-from stacklib.stack import Layer, register_layer
+from stacklib.stack import Layer, register_layer, serve
 
 if TYPE_CHECKING:
     from stacklib.sim.resources import Resource
@@ -402,22 +403,7 @@ class UdpLayer(Layer):
     @asynccontextmanager
     async def open(self, below: Service) -> AsyncIterator[UdpStack]:
         """Run UDP over ``below`` and yield its :class:`UdpStack`."""
-        if not isinstance(below, IpService):
-            raise AssemblyError(
-                f"layer 'udp' requires an 'ip' service (IpService), got {type(below).__name__}"
-            )
-        stack = UdpStack(below, self.params)
-        body_error: BaseException | None = None
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(stack._receive_loop, name="udp receive")
-            try:
-                yield stack
-            except BaseException as error:
-                # Re-raised below, outside the nursery, so the caller gets its own exception
-                # and not an ExceptionGroup wrapping it.
-                body_error = error
-            finally:
-                nursery.cancel_scope.cancel()
-                stack._close()
-        if body_error is not None:
-            raise body_error
+        self.require_below(below)
+        stack = UdpStack(typing.cast(IpService, below), self.params)
+        async with serve(stack, [(stack._receive_loop, "udp receive")], stack._close):
+            yield stack
