@@ -15,6 +15,7 @@ recipe error (the message names the file, the key and the reason).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import tomllib
@@ -340,6 +341,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     daemon_options(p)
     p.set_defaults(func=cmd_daemon)
+
+    from stacklib.commands import MODULES
+
+    for name in MODULES:
+        importlib.import_module(name).add_commands(commands)
     return parser
 
 
