@@ -1,0 +1,286 @@
+"""Generic Active Messages (paper 004 §2, Tables 1-2, §4): requests, replies and tokens.
+
+Every request names a handler to run at the receiver and is matched by exactly one reply
+(paper 004 §2).  The rules, enforced here with :class:`~stacklib.layers.myrinet.base.
+LibraryError`: a request handler may reply at most once and only to the requester; a reply
+handler may neither reply nor request; no handler may send a request (handlers run inside the
+poll, where a blocking send could deadlock).  A request handler that does not reply gets an
+empty reply from the library, so the requester's token comes back.
+
+Flow control by tokens: a sender holds ``tokens`` per receiver, a request spends one, its reply
+returns it; without tokens a request polls until a reply arrives.  Handlers run only when the
+application polls (:meth:`Gam.poll`, and inside :meth:`Gam.request`, which "not only sends a
+request, but also implicitly handles a reply, if one has arrived", paper 004 §4.1).  Delivery is
+FIFO; network errors are not tolerated (Table 1).
+
+Data paths (Table 2): short requests (up to ``short_bytes``) are written into the NI by PIO
+with write combining; longer ones are first copied into a library buffer, which the LANai then
+DMAs from, and the send waits until that DMA has finished (Table 3: both stages in Os; sends
+are synchronous, §4.1).  At the receiver the LANai DMAs packets into library buffers and the
+handler's data is copied out to the application (Or grows with size, §4.1.4).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import ClassVar
+
+import attrs
+
+from stacklib.layers.myrinet.base import (
+    ImplChoices,
+    LibraryError,
+    ModelChoices,
+    MyrinetLibrary,
+    Packet,
+    estimate,
+    open_group,
+)
+from stacklib.sim.costs import cited
+from stacklib.transports.sim.lanai4 import Lanai4Cluster
+
+__all__ = ["Gam", "GamParams", "Token"]
+
+US = 1e-6
+#: Handler index of the datagram face's built-in request handler.
+DELIVER = 0
+
+RequestHandler = Callable[["Token", bytes], None]
+ReplyHandler = Callable[["Token", bytes], None]
+
+
+@attrs.frozen
+class GamParams:
+    """Generic AM's per-message costs and limits."""
+
+    short_bytes: int = estimate(
+        32,
+        "requests of up to 8 words go by PIO (paper 004 §4.1.1: AM's switch is barely visible)",
+        "bytes",
+    )
+    request_us: float = estimate(
+        4.0, "am_request: check tokens, poll once for replies, compose the header"
+    )
+    handler_us: float = estimate(3.2, "am_poll: find the message, dispatch its handler")
+    reply_us: float = estimate(2.0, "am_reply: compose the reply in the handler's context")
+    header_bytes: int = estimate(16, "handler, token, sequence and length", "bytes")
+    lcp_send_cycles: float = estimate(60.0, "GAM's LCP send", "cycles")
+    lcp_recv_cycles: float = estimate(60.0, "GAM's LCP receive: take a host buffer", "cycles")
+    cache_knee_bytes: int = cited(
+        512 * 1024,
+        "paper 004 §4.2: AM's knee at 512 KBytes in all bandwidths, due to cache effects; "
+        "where the copies leave the 256 KB L2 relative to the message size is taken from it",
+        "bytes",
+    )
+    send_buffers: int = estimate(
+        2,
+        "DMA-able library send buffers: a send copies into a free one and the LANai drains "
+        "it while the next copy runs",
+        "buffers",
+    )
+    tokens: int = estimate(8, "outstanding requests per receiver", "requests")
+    max_request: int = estimate(
+        8192,
+        "largest request; the benchmarks packetize longer messages (paper 004 §4.1)",
+        "bytes",
+    )
+
+
+class Token:
+    """Handed to a handler: who sent the message, and the right to reply (request handlers)."""
+
+    def __init__(
+        self, gam: Gam, src: int, is_request: bool, piece: tuple[int, int] = (0, 1)
+    ) -> None:
+        self.gam = gam
+        #: (index, count) of this request among the packets of one datagram-face message.
+        self.piece = piece
+        self.src = src
+        self.is_request = is_request
+        self.replies: list[tuple[int, bytes]] = []
+
+    def reply(self, handler: int, data: bytes = b"") -> None:
+        """Reply to the requester (once, from a request handler only)."""
+        if not self.is_request:
+            raise LibraryError("GAM: a reply handler may not reply")
+        if self.replies:
+            raise LibraryError("GAM: a request handler may reply only once")
+        if len(data) > self.gam.params.short_bytes:
+            raise LibraryError(f"GAM: a reply carries at most {self.gam.params.short_bytes} bytes")
+        self.replies.append((handler, bytes(data)))
+
+
+class Gam(MyrinetLibrary):
+    """Generic Active Messages on one node.  Peers are node indices."""
+
+    LABEL = "Generic AM"
+    MODEL = ModelChoices(
+        communication="RPC",
+        transfer="Combined",
+        intranode_protection=True,
+        internode_protection=False,
+        multiprogramming=False,
+        buffer_overflows="Prevented",
+        net_errors="Catastrophic",
+        net_management="Static",
+    )
+    IMPL = ImplChoices(
+        send_data="DMA+Copy",
+        recv_data="DMA+Copy",
+        protection="Copy",
+        reliability="Library+Copy",
+        notification="Polling",
+        short="PIO(WC) <= 32 B",
+    )
+    TABLE3: ClassVar[tuple[str, str, str, str, str]] = ("Os", "Os", "L", "Or", "-")
+
+    def __init__(self, cluster: Lanai4Cluster, index: int, params: GamParams | None = None) -> None:
+        super().__init__(cluster, index)
+        self.params = params if params is not None else GamParams()
+        self.request_handlers: list[RequestHandler] = [self._deliver]
+        self.reply_handlers: list[ReplyHandler] = [lambda token, data: None]
+        self._tokens: dict[int, int] = {}
+        self._arrived: deque[Packet] = deque()
+        self._in_handler = False
+        self._partial: dict[int, list[bytes]] = {}
+        self._buffers_busy = 0
+
+    @classmethod
+    def open(cls, cluster: Lanai4Cluster, params: GamParams | None = None) -> list[Gam]:
+        """An instance on every node of ``cluster``."""
+        libs = open_group([cls(cluster, i, params) for i in range(len(cluster.nodes))])
+        for lib in libs:
+            lib._tokens = {peer: lib.params.tokens for peer in lib.peers}
+        return libs
+
+    def register_request(self, handler: RequestHandler) -> int:
+        """Register a request handler; returns its index (register in the same order on all)."""
+        self.request_handlers.append(handler)
+        return len(self.request_handlers) - 1
+
+    def register_reply(self, handler: ReplyHandler) -> int:
+        """Register a reply handler; returns its index."""
+        self.reply_handlers.append(handler)
+        return len(self.reply_handlers) - 1
+
+    # --- sending -----------------------------------------------------------------------
+
+    async def request(
+        self, peer: int, handler: int, data: bytes | bytearray | memoryview = b""
+    ) -> None:
+        """Send a request to ``peer``'s request handler ``handler`` (polls for replies)."""
+        await self._request(peer, handler, bytes(data), (0, 1))
+
+    async def _request(self, peer: int, handler: int, raw: bytes, piece: tuple[int, int]) -> None:
+        if self._in_handler:
+            raise LibraryError("GAM: a handler may not send a request")
+        self.peer(peer)
+        p = self.params
+        if len(raw) > p.max_request:
+            raise LibraryError(f"GAM: a request carries at most {p.max_request} bytes")
+        await self.poll()
+        while self._tokens[peer] == 0:
+            await self.wait_until(lambda: bool(self._arrived))
+            await self.poll()
+        self._tokens[peer] -= 1
+        packet = Packet(self.index, raw, kind="request", tag=handler, piece=piece)
+        await self._transmit(peer, packet, p.request_us)
+        self.counters["requests"] += 1
+
+    async def _transmit(self, peer: int, packet: Packet, software_us: float) -> None:
+        p = self.params
+        platform = self.platform
+        size = len(packet.data)
+        packet.nbytes = size + p.header_bytes
+        if size <= p.short_bytes:
+            await self.host(software_us * US + platform.pio_write(packet.nbytes, True))
+            self.inject(peer, packet, self.world.now(), lcp_cycles=p.lcp_send_cycles, dma=False)
+            return
+        # Copy into a free DMA-able library buffer; the LANai pulls it from there.
+        await self.wait_until(lambda: self._buffers_busy < p.send_buffers)
+        self._buffers_busy += 1
+        await self.host(software_us * US + platform.copy(size, self._footprint(packet)))
+        out, _ = self.inject(peer, packet, self.world.now(), lcp_cycles=p.lcp_send_cycles, dma=True)
+        self.at(out, self._buffer_free)
+
+    def _buffer_free(self) -> None:
+        self._buffers_busy -= 1
+        self.notify()
+
+    # --- receiving ---------------------------------------------------------------------
+
+    def arrive(self, packet: Packet, first: float, last: float) -> None:
+        done = self.to_host(packet, first, last, self.params.lcp_recv_cycles)
+        self.at(done, self._landed, packet)
+
+    def _landed(self, packet: Packet) -> None:
+        self._arrived.append(packet)
+        self.notify()
+
+    async def poll(self) -> int:
+        """Run the handlers of every arrived message (am_poll); returns how many ran."""
+        if self._in_handler:
+            raise LibraryError("GAM: a handler may not poll")
+        ran = 0
+        p = self.params
+        while self._arrived:
+            packet = self._arrived.popleft()
+            is_request = packet.kind == "request"
+            handlers = self.request_handlers if is_request else self.reply_handlers
+            if not 0 <= packet.tag < len(handlers):
+                self.drop("unknown_handler")
+                continue
+            cost = p.handler_us * US
+            if len(packet.data) > p.short_bytes:
+                # out of the library buffer into the application's
+                cost += self.platform.copy(len(packet.data), self._footprint(packet))
+            await self.host(cost)
+            token = Token(self, packet.src, is_request, packet.piece)
+            self._in_handler = True
+            try:
+                handlers[packet.tag](token, packet.data)
+            finally:
+                self._in_handler = False
+            ran += 1
+            if is_request:
+                handler, data = token.replies[0] if token.replies else (0, b"")
+                if not token.replies:
+                    self.counters["automatic_replies"] += 1
+                reply = Packet(self.index, data, kind="reply", tag=handler)
+                await self._transmit(packet.src, reply, p.reply_us)
+            else:
+                self._tokens[packet.src] += 1
+                self.counters["replies"] += 1
+        return ran
+
+    def _footprint(self, packet: Packet) -> int:
+        """The memory a stream of copies keeps touching, scaled to the cited cache knee."""
+        length = packet.piece[1] * max(len(packet.data), 1)
+        return length * self.platform.l2_cache_bytes // self.params.cache_knee_bytes
+
+    def _deliver(self, token: Token, data: bytes) -> None:
+        index, count = token.piece
+        parts = self._partial.setdefault(token.src, [])
+        parts.append(data)
+        if index == count - 1:
+            del self._partial[token.src]
+            self.deliver(token.src, b"".join(parts))
+
+    # --- datagram face -----------------------------------------------------------------
+
+    async def send(self, peer: int, data: bytes | bytearray | memoryview) -> None:
+        raw = self.check_size(data)
+        step = self.params.max_request
+        count = max(1, -(-len(raw) // step))
+        for i in range(count):
+            await self._request(peer, DELIVER, raw[i * step : (i + 1) * step], (i, count))
+        self.counters["sent"] += 1
+
+    async def recv(self) -> tuple[int, bytes]:
+        await self.poll()
+        while not self._inbox:
+            await self.wait_until(lambda: bool(self._arrived))
+            await self.poll()
+        self.counters["received"] += 1
+        return self._inbox.popleft()
