@@ -9,7 +9,9 @@
 * ``paper003_fig5_rtt.png``: U-Net/FE (hub, Bay 28115, FN100) and the PCA-200 on OC-3
   (paper 003 Fig 5 = paper 001 Fig 6);
 * ``paper003_fig6_bandwidth.png``: U-Net/FE on a hub and the PCA-200 from OC-3 to TAXI, with
-  the links' payload limits (paper 003 Fig 6 = paper 001 Fig 7).
+  the links' payload limits (paper 003 Fig 6 = paper 001 Fig 7);
+* ``paper000_fig6_rtt.png`` to ``paper000_fig9_rtt.png``: UDP and TCP over U-Net against the
+  modeled SunOS kernel path (paper 000 Figs 6-9; drawn by :mod:`stacklib.experiments.tcpip`).
 
 Curves are measured in virtual time with the recipes of :mod:`stacklib.experiments`; the
 figures' own data is not in the papers' text, so the numbers the text states are overlaid as
@@ -29,6 +31,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from stacklib.experiments.network_interfaces import bandwidths, rtts
+from stacklib.experiments.tcpip import PLOTS as TCPIP_PLOTS
 from stacklib.transports.sim.fabric import (
     AAL5_TRAILER,
     CELL_PAYLOAD,
@@ -313,6 +316,7 @@ FIGURES: tuple[Callable[[Path], Path], ...] = (
     paper000_fig4,
     paper003_fig5,
     paper003_fig6,
+    *TCPIP_PLOTS,
 )
 
 

@@ -10,8 +10,10 @@ was read and which parameter was calibrated to which figure.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Literal
 
 import trio
 
@@ -28,9 +30,18 @@ from stacklib.transports.sim import kernel as k
 from stacklib.unet import Endpoint, EndpointConfig, connect
 
 __all__ = [
+    "PLOTS",
     "SMALL",
     "TCP_SEGMENT_US",
     "UDP_DATAGRAM_US",
+    "fig6_curves",
+    "fig7_curves",
+    "fig8_curves",
+    "fig9_curves",
+    "plot_fig6",
+    "plot_fig7",
+    "plot_fig8",
+    "plot_fig9",
     "unet_tcp_bandwidth",
     "unet_tcp_rtt",
     "unet_udp_bandwidth",
@@ -301,3 +312,157 @@ def tcpip() -> list[Figure]:
 register_experiment(
     Experiment("tcpip", "UDP and TCP: U-Net vs the SunOS kernel (paper 000 §7, Table 3)", tcpip)
 )
+
+
+# --- curves for the plots (stacklib reproduce --plots) ------------------------------------------
+
+Curve = dict[int, float]
+RTT_SIZES = (0, 16, 100, 250, 500, 750, 1000, 1500, 2000, 3000, 4000)
+UDP_BW_SIZES = (512, 1024, 2048, 3072, 4096, 6144, 8192)
+KERNEL_UDP_SIZES = tuple(range(256, 9217, 64))
+WINDOWS = (4096, 8192, 16384, 32768, 65535)
+
+
+def fig6_curves(sizes: Sequence[int] = RTT_SIZES) -> dict[str, Curve]:
+    """Paper 000 Fig 6: the kernel's UDP and TCP round trips over ATM and Ethernet (model),
+    microseconds."""
+    atm, eth = k.ATM, k.ETHERNET
+    return {
+        "kernel UDP, ATM": {n: k.udp_rtt(n, atm) for n in sizes},
+        "kernel UDP, Ethernet": {n: k.udp_rtt(n, eth) for n in sizes},
+        # The model's TCP round trip is one segment's: up to the MSS (1 KB on Ethernet).
+        "kernel TCP, ATM": {n: k.tcp_rtt(n, atm) for n in sizes if n <= atm.mss},
+        "kernel TCP, Ethernet": {n: k.tcp_rtt(n, eth) for n in sizes if n <= eth.mss},
+    }
+
+
+def fig7_curves(
+    unet_sizes: Sequence[int] = UDP_BW_SIZES, kernel_sizes: Sequence[int] = KERNEL_UDP_SIZES
+) -> dict[str, Curve]:
+    """Paper 000 Fig 7: UDP bandwidth vs datagram size, MB/s: U-Net (simulated) and the kernel
+    over ATM as the sender perceives it and as received (model: the mbuf saw-tooth)."""
+    streams = {n: k.udp_bandwidth(n, k.ATM) for n in kernel_sizes}
+    return {
+        "U-Net UDP": {n: unet_udp_bandwidth(n)[0] for n in unet_sizes},
+        "kernel UDP/ATM, sender": {n: s.sent_mb_s for n, s in streams.items()},
+        "kernel UDP/ATM, received": {n: s.received_mb_s for n, s in streams.items()},
+    }
+
+
+def fig8_curves(windows: Sequence[int] = WINDOWS, total: int = 1 << 20) -> dict[str, Curve]:
+    """Paper 000 Fig 8's comparison: TCP bulk bandwidth vs window, MB/s: U-Net TCP (simulated,
+    ``total`` bytes) and the kernel over ATM (model, the window capped by its 52 KB buffer)."""
+    return {
+        "U-Net TCP": {w: unet_tcp_bandwidth(w, total) for w in windows},
+        "kernel TCP/ATM": {w: k.tcp_bandwidth(k.ATM, w) for w in windows},
+    }
+
+
+def fig9_curves(sizes: Sequence[int] = RTT_SIZES) -> dict[str, Curve]:
+    """Paper 000 Fig 9: UDP and TCP round trips, U-Net (simulated) and kernel over ATM."""
+    return {
+        "U-Net UDP": {n: unet_udp_rtt(n) for n in sizes},
+        "U-Net TCP": {n: unet_tcp_rtt(n) for n in sizes},
+        "kernel UDP/ATM": {n: k.udp_rtt(n, k.ATM) for n in sizes},
+        "kernel TCP/ATM": {n: k.tcp_rtt(n, k.ATM) for n in sizes if n <= k.ATM.mss},
+    }
+
+
+_STYLE = {
+    "U-Net UDP": ("tab:blue", "-"),
+    "U-Net TCP": ("tab:green", "-"),
+    "kernel UDP, ATM": ("tab:red", "-"),
+    "kernel UDP, Ethernet": ("tab:red", "--"),
+    "kernel TCP, ATM": ("tab:purple", "-"),
+    "kernel TCP, Ethernet": ("tab:purple", "--"),
+    "kernel UDP/ATM": ("tab:red", "-"),
+    "kernel TCP/ATM": ("tab:purple", "-"),
+    "kernel UDP/ATM, sender": ("tab:orange", ":"),
+    "kernel UDP/ATM, received": ("tab:red", "-"),
+}
+
+
+def _draw(
+    directory: Path,
+    name: str,
+    title: str,
+    curves: dict[str, Curve],
+    labels: tuple[str, str],
+    stated: Sequence[tuple[float, float, str, str, tuple[float, float]]] = (),
+    legend: Literal["upper left", "lower right"] = "upper left",
+) -> Path:
+    """One figure with the look of stacklib.plots (needs matplotlib: stacklib[plot])."""
+    from stacklib import plots
+
+    figure, (axes,) = plots._new(title)
+    for label, points in curves.items():
+        colour, style = _STYLE[label]
+        marker = "." if len(points) < 20 else None
+        plots._curve(axes, points, label, colour, linestyle=style, marker=marker)
+    for x, y, colour, text, offset in stated:
+        plots._paper(axes, x, y, colour, text, offset)
+    plots._finish(axes, *labels)
+    plots._legend(axes, legend)
+    return plots._save(figure, directory, name)
+
+
+def plot_fig6(directory: Path, sizes: Sequence[int] | None = None) -> Path:
+    """``paper000_fig6_rtt.png``: kernel UDP/TCP round trips, ATM against Ethernet."""
+    return _draw(
+        directory,
+        "paper000_fig6_rtt.png",
+        "Paper 000 Fig 6: kernel TCP and UDP round trips over ATM and Ethernet "
+        "(SunOS 4.1.3 cost model)",
+        fig6_curves(sizes or RTT_SIZES),
+        ("message size (bytes)", "round-trip time (µs)"),
+    )
+
+
+def plot_fig7(directory: Path, sizes: Sequence[int] | None = None) -> Path:
+    """``paper000_fig7_udp_bandwidth.png``: UDP bandwidth vs size, the kernel's saw-tooth."""
+    curves = fig7_curves(sizes or UDP_BW_SIZES, sizes or KERNEL_UDP_SIZES)
+    return _draw(
+        directory,
+        "paper000_fig7_udp_bandwidth.png",
+        "Paper 000 Fig 7: UDP bandwidth vs message size (U-Net simulated; kernel model)",
+        curves,
+        ("message size (bytes)", "bandwidth (MB/s, 10⁶ bytes/s)"),
+        [(4096, 15.0, "tab:blue", "120 Mbit/s at 4 KB (U-Net, Table 3)", (-60, -40))],
+        "lower right",
+    )
+
+
+def plot_fig8(directory: Path, sizes: Sequence[int] | None = None) -> Path:
+    """``paper000_fig8_tcp_bandwidth.png``: TCP bandwidth vs window, U-Net and kernel."""
+    return _draw(
+        directory,
+        "paper000_fig8_tcp_bandwidth.png",
+        "Paper 000 Fig 8: TCP bandwidth vs window (U-Net simulated, 2048-byte segments; "
+        "kernel model)",
+        fig8_curves(sizes or WINDOWS),
+        ("window (bytes)", "bandwidth (MB/s, 10⁶ bytes/s)"),
+        [
+            (8192, 14.5, "tab:green", "14-15 MB/s, 8 KB window (U-Net)", (25, -40)),
+            (65535, 9.5, "tab:purple", "9-10 MB/s even at 64 KB (kernel)", (-150, 25)),
+        ],
+        "lower right",
+    )
+
+
+def plot_fig9(directory: Path, sizes: Sequence[int] | None = None) -> Path:
+    """``paper000_fig9_rtt.png``: UDP and TCP round trips, U-Net against the kernel."""
+    return _draw(
+        directory,
+        "paper000_fig9_rtt.png",
+        "Paper 000 Fig 9: UDP and TCP round trips (U-Net simulated, SBA-200; kernel model)",
+        fig9_curves(sizes or RTT_SIZES),
+        ("message size (bytes)", "round-trip time (µs)"),
+        [
+            (16, 138, "tab:blue", "138 µs UDP (Table 3)", (40, -10)),
+            (16, 157, "tab:green", "157 µs TCP (Table 3)", (40, 40)),
+        ],
+    )
+
+
+#: The figures ``stacklib reproduce --plots`` draws from this experiment.
+PLOTS: tuple[Callable[[Path], Path], ...] = (plot_fig6, plot_fig7, plot_fig8, plot_fig9)

@@ -70,5 +70,6 @@ def _import_builtin_transports() -> None:
         memory,
         shm,
         sim,
+        tap,
         udp,
     )

@@ -18,32 +18,56 @@ The descriptor is non-blocking and driven by trio's I/O waits (``wait_readable``
 ``wait_writable``), no threads.  One task may receive while another sends.
 
 :class:`TapDevice` is a :class:`~stacklib.layers.ip.service.FrameService`, the service IP's
-Ethernet mode (layer ``ip-ether``) runs over.  It is not a registered transport: those build
-networks of U-Net nodes, and a TAP device is one Ethernet link to the kernel.
+Ethernet mode (layer ``ip-ether``) runs over: one Ethernet link to the kernel.
+
+The registered transport ``tap`` (:class:`TapNetwork`) builds U-Net nodes on TAP devices for
+recipes: each node's NI (:class:`TapNI`) owns one device, whose kernel interface is a port of a
+Linux bridge in a network namespace, and its messages are IPv4 packets in Ethernet frames, so
+``ip`` + ``udp``/``tcp`` stacks on two nodes exchange real frames that the kernel switches.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
+import functools
 import ipaddress
 import os
 import socket
 import struct
+import subprocess
+import weakref
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Hashable, Mapping, Sequence
 from contextlib import asynccontextmanager
 
+import attrs
 import trio
 
-from stacklib.errors import StacklibError
+from stacklib.errors import ChannelError, StacklibError
 from stacklib.services import FrameService
+from stacklib.sim import Host, RealWorld, World
+from stacklib.sim.costs import CostProfile
+from stacklib.transports import TransportKind, register_transport
+from stacklib.unet.endpoint import Channel, DropReason, Endpoint
+from stacklib.unet.ni import Payload
+from stacklib.unet.node import Node, total_drops
+from stacklib.unet.os_service import OSService, Policy
+from stacklib.unet.polled import PolledEndpoint, PolledNI
+from stacklib.wire.descriptor import SendDescriptor
 
 __all__ = [
     "ETHERNET_HEADER",
+    "ETHERTYPE_IPV4",
     "FrameSizeError",
+    "TapAddress",
     "TapDevice",
     "TapError",
+    "TapNI",
+    "TapNetwork",
+    "TapParams",
+    "create_tap",
     "open_tap",
     "random_mac",
     "temporary_name_prefix",
@@ -262,13 +286,18 @@ class TapDevice(FrameService, trio.abc.AsyncResource):
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
             # Wakes tasks blocked in recv/send with ClosedResourceError before the fd number
-            # can be reused.
-            trio.lowlevel.notify_closing(fd)
+            # can be reused.  Outside trio.run (a network closed after the run) nobody waits.
+            with contextlib.suppress(RuntimeError):
+                trio.lowlevel.notify_closing(fd)
             os.close(fd)
 
     async def aclose(self) -> None:
         self.close()
         await trio.lowlevel.checkpoint()
+
+    def fileno(self) -> int:
+        """The descriptor, to wait on (``trio.lowlevel.wait_readable``)."""
+        return self._open_fd()
 
     def _open_fd(self) -> int:
         if self._fd < 0:
@@ -303,6 +332,22 @@ async def open_tap(
 async def _create(
     name: str | None, *, netns: str | None, mtu: int, address: str | None, mac: bytes | None
 ) -> TapDevice:
+    # The set-up runs the ip tool a few times: in a worker thread, so the event loop goes on.
+    return await trio.to_thread.run_sync(
+        functools.partial(create_tap, name, netns=netns, mtu=mtu, address=address, mac=mac)
+    )
+
+
+def create_tap(
+    name: str | None = None,
+    *,
+    netns: str | None = None,
+    mtu: int = 1500,
+    address: str | None = None,
+    mac: bytes | None = None,
+) -> TapDevice:
+    """Create a TAP device as :func:`open_tap` does, blocking while the ``ip`` tool runs; the
+    caller closes it.  For code that is not async (a transport's network builder)."""
     _check_name(name)
     if not _MIN_MTU <= mtu <= _MAX_MTU:
         raise ValueError(f"mtu must be in [{_MIN_MTU}, {_MAX_MTU}], got {mtu}")
@@ -322,16 +367,14 @@ async def _create(
         if netns is not None:
             # Move and rename in one step: the final name is checked (or picked) in the target
             # namespace, so names in the caller's namespace never clash with it.
-            await _ip(
-                "link", "set", "dev", created, "netns", netns, "name", name or _DEFAULT_PATTERN
-            )
+            _ip("link", "set", "dev", created, "netns", netns, "name", name or _DEFAULT_PATTERN)
             final = _ifname(fd)
-            await _ip("-n", netns, "link", "set", "dev", final, "up")
+            _ip("-n", netns, "link", "set", "dev", final, "up")
         else:
             final = created
             _set_up(final)
         if address is not None:
-            await _ip(*_in(netns), "address", "add", address, "dev", final)
+            _ip(*_in(netns), "address", "add", address, "dev", final)
         kernel_mac = _hwaddr(fd, final)
     except BaseException:
         os.close(fd)  # deletes the half-configured interface
@@ -412,12 +455,10 @@ def _in(netns: str | None) -> tuple[str, ...]:
     return ("-n", netns) if netns is not None else ()
 
 
-async def _ip(*args: str) -> None:
+def _ip(*args: str) -> None:
     command = ["ip", *args]
     try:
-        result = await trio.run_process(
-            command, capture_stdout=True, capture_stderr=True, check=False
-        )
+        result = subprocess.run(command, capture_output=True, check=False, timeout=30)
     except FileNotFoundError:
         raise TapError(
             "the ip tool is missing (apt-get install iproute2); it moves TAP devices into "
@@ -426,3 +467,308 @@ async def _ip(*args: str) -> None:
     if result.returncode != 0:
         stderr = result.stderr.decode(errors="replace").strip()
         raise TapError(f"{' '.join(command)} failed: {stderr}")
+
+
+# ==================================================================== a node transport
+
+
+#: The EtherType of the frames a :class:`TapNI` sends and takes: U-Net messages are IPv4
+#: packets, so the kernel sees (and switches, and tcpdump decodes) ordinary IP over Ethernet.
+ETHERTYPE_IPV4 = 0x0800
+_ETH = struct.Struct("!6s6sH")
+
+
+@attrs.frozen
+class TapAddress:
+    """The endpoint of a :class:`TapNI`: its node's MAC address on the link (one endpoint per
+    node: a frame names no port)."""
+
+    mac: str
+
+    def __str__(self) -> str:
+        return self.mac
+
+
+def _mac_bytes(text: str) -> bytes:
+    try:
+        value = bytes.fromhex(text.replace(":", ""))
+    except ValueError:
+        value = b""
+    if len(value) != 6:
+        raise ValueError(f"not a MAC address: {text!r}")
+    return value
+
+
+class TapNI(PolledNI):
+    """The NI of one node of a :class:`TapNetwork`: a TAP device whose kernel side is a port
+    of the network's Linux bridge.
+
+    A message is the payload of one Ethernet frame of :data:`ETHERTYPE_IPV4` (at most the MTU);
+    a channel is the peer node's MAC address, the frame's destination when sending and its
+    source when receiving (as U-Net/FE demultiplexes, paper 001 §3.1, without the port byte).
+    Frames for other MACs (the kernel's IPv6 chatter, floods) are counted in ``ignored``; frames
+    from an unknown MAC are dropped as unknown tags.  The host does the NI's work when the
+    application sends or receives (:class:`~stacklib.unet.polled.PolledNI`).
+    """
+
+    kind = "tap"
+
+    def __init__(self, name: str, host: Host, device: TapDevice, inline_threshold: int) -> None:
+        super().__init__(
+            name,
+            host,
+            inline_threshold=inline_threshold,
+            max_message=device.mtu,
+            direct_access=False,
+        )
+        self.device = device
+        self.mac = device.mac
+        self._tx_blocked = False
+        self._sleeper = False
+        self._lot = trio.lowlevel.ParkingLot()
+        #: Frames for another MAC, or of another EtherType: not this node's traffic.
+        self.ignored = 0
+
+    def address_of(self, endpoint: Endpoint) -> TapAddress:
+        return TapAddress(self.mac.hex(":"))
+
+    def _tags(self, endpoint: Endpoint, remote: object) -> tuple[Hashable, Hashable]:
+        if not isinstance(remote, TapAddress):
+            raise ChannelError(f"{self!r} cannot reach {remote!r}: not a TapAddress")
+        try:
+            mac = _mac_bytes(remote.mac)
+        except ValueError as error:
+            raise ChannelError(f"{self!r}: {error}") from None
+        if mac[0] & 0x01:
+            raise ChannelError(f"{self!r}: {remote} is not a unicast MAC address")
+        if mac == self.mac:
+            raise ChannelError(f"{self!r}: {remote} is this node's own MAC address")
+        return mac, mac
+
+    def _transmit(
+        self, endpoint: Endpoint, channel: Channel, descriptor: SendDescriptor, data: Payload
+    ) -> bool:
+        mac: bytes = channel.tx_tag  # type: ignore[assignment]
+        length = len(data)
+        frame = _ETH.pack(mac, self.mac, ETHERTYPE_IPV4) + data
+        try:
+            # A frame the kernel refuses for good (interface down) is lost, as on a wire, and
+            # counted by the device as a write-error.
+            self.device.send_nowait(frame)
+        except trio.WouldBlock:
+            self._tx_blocked = True
+            return False  # the device queue is full: back-pressure, retried by progress()
+        self._injected(endpoint, descriptor, length)
+        return True
+
+    def progress(self) -> int:
+        """Read every waiting frame and deliver this node's; retry sends the device refused."""
+        delivered = 0
+        device = self.device
+        demux = self._demux
+        own = self.mac
+        while True:
+            try:
+                frame = device.recv_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                break
+            dst, src, ethertype = _ETH.unpack_from(frame)
+            if dst != own or ethertype != ETHERTYPE_IPV4:
+                self.ignored += 1
+                continue
+            entry = demux.get(src)
+            if entry is not None and entry[0].recv_queue.full:
+                self.drop(DropReason.RECV_QUEUE_FULL, entry[0])
+                continue
+            self._deliver(src, memoryview(frame)[_ETH.size :])
+            delivered += 1
+        if self._tx_blocked:
+            self._tx_blocked = False
+            self._resume()
+        return delivered
+
+    async def idle_wait(self) -> None:
+        """Sleep until the device is ready (one task per node; others park behind it)."""
+        if self._sleeper:
+            await self._lot.park()
+            return
+        self._sleeper = True
+        try:
+            fd = self.device.fileno()
+            if self._tx_blocked:
+                await trio.lowlevel.wait_writable(fd)
+            else:
+                await trio.lowlevel.wait_readable(fd)
+        finally:
+            self._sleeper = False
+            self._lot.unpark_all()
+
+    def close(self) -> None:
+        """Close every endpoint of the node, then the device (which deletes its interface)."""
+        for endpoint in list(self.endpoints.values()):
+            if not endpoint.closed:
+                endpoint.close()
+        self.device.close()
+
+
+class TapEndpoint(PolledEndpoint):
+    """An endpoint whose receive and send calls run the NI."""
+
+    ni: TapNI
+
+
+TapNI.endpoint_class = TapEndpoint
+
+
+class TapNetwork:
+    """Nodes on TAP devices joined by a Linux bridge: real Ethernet frames through the kernel.
+
+    Each node is a host at the end of its own TAP "cable"; the kernel interfaces are ports of
+    the bridge ``bridge`` in network namespace ``netns``, so every frame between two nodes
+    crosses the kernel, which switches it like any Ethernet frame (``ip netns exec NS tcpdump
+    -i BRIDGE`` shows IPv4, UDP and TCP).  With ``netns`` None a namespace is made for the
+    network (``sltap-PID-RANDOM``) and deleted by :meth:`close`, or at the latest when the
+    network is collected or the interpreter exits; a given namespace keeps existing, only the
+    bridge and the interfaces go.  ``kernel_address`` (e.g. ``"10.0.0.254/24"``) gives the
+    bridge an address, so the kernel itself is a host on the segment.  Needs CAP_NET_ADMIN,
+    /dev/net/tun and the ``ip`` tool.
+    """
+
+    kind = "tap"
+
+    def __init__(
+        self,
+        world: World | None = None,
+        *,
+        netns: str | None = None,
+        bridge: str = "slbr0",
+        mtu: int = 1500,
+        kernel_address: str | None = None,
+        inline_threshold: int = 64,
+    ) -> None:
+        self.world = world if world is not None else RealWorld()
+        if self.world.virtual:
+            raise ValueError("the tap transport runs in real time only")
+        _check_name(bridge)
+        if not _MIN_MTU <= mtu <= _MAX_MTU:
+            raise ValueError(f"mtu must be in [{_MIN_MTU}, {_MAX_MTU}], got {mtu}")
+        if kernel_address is not None:
+            kernel_address = str(ipaddress.ip_interface(kernel_address))
+        self.mtu = mtu
+        self.inline_threshold = inline_threshold
+        self.bridge = bridge
+        self.nodes: dict[str, Node] = {}
+        self._devices: list[TapDevice] = []
+        self._namespace: contextlib.AbstractContextManager[str] | None = None
+        if netns is None:
+            from stacklib.netns import netns as new_namespace  # the same naming and clean-up
+
+            self._namespace = new_namespace("sltap")
+            netns = self._namespace.__enter__()
+        self.netns = netns
+        # Everything to undo, held apart from self so that collection can run it.
+        self._finalizer = weakref.finalize(
+            self, _tear_down, self._devices, netns, bridge, self._namespace
+        )
+        try:
+            _ip("-n", netns, "link", "add", bridge, "type", "bridge")
+            _ip("-n", netns, "link", "set", "dev", bridge, "mtu", str(mtu), "up")
+            if kernel_address is not None:
+                _ip("-n", netns, "address", "add", kernel_address, "dev", bridge)
+        except BaseException:
+            self.close()
+            raise
+
+    def __repr__(self) -> str:
+        return f"<TapNetwork {self.bridge} in {self.netns}, {len(self.nodes)} nodes>"
+
+    def add_node(
+        self, name: str, profile: CostProfile | None = None, *, policy: Policy | None = None
+    ) -> Node:
+        """A node on a new TAP device whose interface joins the bridge."""
+        if name in self.nodes:
+            raise ValueError(f"node {name!r} already exists")
+        device = create_tap(netns=self.netns, mtu=self.mtu)
+        self._devices.append(device)
+        _ip("-n", self.netns, "link", "set", "dev", device.name, "master", self.bridge)
+        host = Host(name, self.world, profile)
+        ni = TapNI(name, host, device, self.inline_threshold)
+        node = Node(name, host, ni, OSService(ni, policy=policy))
+        self.nodes[name] = node
+        return node
+
+    def dropped(self) -> dict[str, int]:
+        return total_drops(self.nodes.values())
+
+    def close(self) -> None:
+        """Close the nodes and remove the bridge (and a namespace made for the network)."""
+        for node in self.nodes.values():
+            if isinstance(node.ni, TapNI):
+                node.ni.close()
+        self._finalizer()
+
+    def __enter__(self) -> TapNetwork:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _tear_down(
+    devices: list[TapDevice],
+    netns: str,
+    bridge: str,
+    namespace: contextlib.AbstractContextManager[str] | None,
+) -> None:
+    for device in devices:
+        device.close()
+    if namespace is not None:
+        namespace.__exit__(None, None, None)  # deleting it deletes the bridge too
+    else:
+        with contextlib.suppress(TapError):
+            _ip("-n", netns, "link", "delete", bridge)
+
+
+@attrs.frozen
+class TapParams:
+    """Recipe parameters of the tap transport (docs/tap.md, "Recipes over TAP")."""
+
+    #: An existing namespace for the bridge; absent: one is made for the run and deleted.
+    netns: str | None = None
+    bridge: str = "slbr0"
+    mtu: int = attrs.field(default=1500, validator=attrs.validators.in_(range(68, 65536)))
+    #: An address with prefix for the bridge, making the kernel a host on the segment.
+    kernel_address: str | None = None
+    inline_threshold: int = attrs.field(default=64, validator=attrs.validators.ge(0))
+
+
+def _build(
+    world: World, params: TapParams, names: Sequence[str], profile: CostProfile | None
+) -> TapNetwork:
+    network = TapNetwork(
+        world,
+        netns=params.netns,
+        bridge=params.bridge,
+        mtu=params.mtu,
+        kernel_address=params.kernel_address,
+        inline_threshold=params.inline_threshold,
+    )
+    try:
+        for name in names:
+            network.add_node(name, profile)
+    except BaseException:
+        network.close()
+        raise
+    return network
+
+
+register_transport(
+    TransportKind(
+        name="tap",
+        Params=TapParams,
+        build=_build,
+        description="IPv4 over Ethernet on TAP devices joined by a Linux bridge in a namespace "
+        "(needs CAP_NET_ADMIN and /dev/net/tun)",
+        clock="real",
+    )
+)

@@ -68,15 +68,22 @@ def test_stacklib_bulk_transfer_counts_segments() -> None:
     elapsed, segments = trio.run(stacklib_transfer, 64 * 2048, 16384, 2048)
     assert elapsed > 0
     assert segments == 64
+    # Acknowledging every second segment changes what the receiver sends, not the data.
+    elapsed, segments = trio.run(stacklib_transfer, 64 * 2048, 16384, 2048, 0.001)
+    assert elapsed > 0
+    assert segments == 64
 
 
 def test_kernel_loopback_transfer() -> None:
     assert trio.run(kernel_transfer, 100_000, 8192) > 0
 
 
-def test_bench_tcp_reports_three_paths() -> None:
+def test_bench_tcp_reports_four_paths() -> None:
     result = bench_tcp(size=9140 * 4, chunk=8192, repeat=1)
-    assert [row["mss"] for row in result.rows] == [2048, 9140, None]
-    segments = result.rows[1]["segments"]
+    assert [row["mss"] for row in result.rows] == [2048, 2048, 9140, None]
+    assert "ACK every 2nd" in str(result.rows[1]["path"])
+    segments = result.rows[2]["segments"]
     assert isinstance(segments, int) and 4 <= segments <= 8
+    rate = result.facts["segments_per_s_2048_ack_every_2nd"]
+    assert isinstance(rate, float) and rate > 0
     assert result.facts["meets_target"] in ("yes", "no")

@@ -129,6 +129,17 @@ async def test_connect_accept_and_one_megabyte_each_way() -> None:
         assert isinstance(layer["segments_out"], int) and layer["segments_out"] > MB // 2048
 
 
+async def test_restarted_retransmission_timers_do_not_pile_up() -> None:
+    # Every ACK moves the retransmission deadline later; the timer heap keeps one live entry
+    # per connection instead of one per ACK.
+    async with tcp_pair(make_pair()) as (a, b):
+        with trio.fail_after(20):
+            client, server = await connected(a, b)
+            await exchange(client, server, MB // 2)
+        assert client.statistics().segments_in > 200
+        assert len(a._timers) <= 4 and len(b._timers) <= 4
+
+
 async def test_half_close_in_both_directions() -> None:
     async with tcp_pair(make_pair()) as (a, b):
         with trio.fail_after(10):

@@ -415,6 +415,55 @@ def test_duplication_reordering_and_corruption() -> None:
     )
 
 
+@pytest.mark.parametrize("delayed_ack", [None, 0.05])
+def test_header_prediction_has_the_effect_of_the_full_path(
+    monkeypatch: pytest.MonkeyPatch, delayed_ack: float | None
+) -> None:
+    # The same lossy, reordering, corrupting run with and without the fast path: every segment
+    # sent, every event and every counter must be the same.
+    def run() -> tuple[list[Sent], list[object], object, object]:
+        rng = random.Random(11)
+
+        def fault(i: int, side: str, data: bytes) -> list[tuple[float, bytes]]:
+            r = rng.random()
+            if r < 0.05:
+                return []
+            if r < 0.1:
+                return [(0.0, data), (rng.random() * 0.01, data)]
+            if r < 0.15:
+                return [(rng.random() * 0.005, data)]
+            if r < 0.2:
+                bad = bytearray(data)
+                bad[rng.randrange(len(bad))] ^= 0x10
+                return [(0.0, bytes(bad))]
+            return [(0.0, data)]
+
+        config = attrs.evolve(BIG, delayed_ack=delayed_ack)
+        n = established(config, config, fault=fault)
+        transfer(n, rng.randbytes(300_000), rng.randbytes(100_000))
+        events = [e for side in ("a", "b") for e in n.events[side]]
+        return n.sent, events, n.a.statistics(), b_of(n).statistics()
+
+    predicted = run()
+    calls: list[bool] = []
+    original = TcpConnection._predicted
+
+    def counting(self: TcpConnection, segment: bytes, now: float) -> bool:
+        calls.append(original(self, segment, now))
+        return calls[-1]
+
+    monkeypatch.setattr(TcpConnection, "_predicted", counting)
+    assert run() == predicted
+    assert calls.count(True) > 0 and calls.count(False) > 0  # both paths ran
+    monkeypatch.setattr(TcpConnection, "_predicted", lambda self, segment, now: False)
+    assert run() == predicted
+    # Without faults, nearly every segment of a bulk transfer takes the fast path.
+    calls.clear()
+    monkeypatch.setattr(TcpConnection, "_predicted", counting)
+    transfer(established(BIG, BIG), bytes(200_000), b"", close=False)
+    assert calls.count(True) > 0.9 * len(calls)
+
+
 def test_sequence_wrap() -> None:
     rng = random.Random(3)
     top = 1 << 32
@@ -531,8 +580,23 @@ def test_window_reflects_application_buffer() -> None:
     assert b_of(n).readable == 3000
     assert b_of(n).read(1000) == b"z" * 1000
     b_of(n).read()
+    sent = len(n.segments_from("b"))
     n.run(until=1.2)
-    assert n.segments_from("b")[-1].segment.window == 8192  # a window update after the read
+    # 5192 bytes still open, more than half the buffer: no update of its own (Linux's rule)...
+    assert len(n.segments_from("b")) == sent
+    n.a.send(b"y" * 2000)
+    n.run(until=1.3)
+    assert n.segments_from("b")[-1].segment.window == 8192 - 2000  # ...the next ACK carries it
+    n.a.send(b"w" * 5000)
+    n.run(until=1.4)
+    assert b_of(n).readable == 7000
+    assert n.segments_from("b")[-1].segment.window == 8192 - 7000
+    sent = len(n.segments_from("b"))
+    b_of(n).read()
+    n.run(until=1.5)
+    # The window had closed to less than half: reading reopens it with an update at once.
+    assert len(n.segments_from("b")) == sent + 1
+    assert n.segments_from("b")[-1].segment.window == 8192
 
 
 # --- ACK policy and Nagle -------------------------------------------------------------------

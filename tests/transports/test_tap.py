@@ -8,16 +8,22 @@ interface is 10.99.0.1/24 and stacklib plays 10.99.0.2 on the other end of the T
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import struct
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
+import attrs
 import pytest
 import trio
 import trio.testing
 
+from stacklib.bench.streams import TcpStreamParams, UdpPingPongParams
+from stacklib.errors import ChannelError
+from stacklib.layers.ip.wire import build_ipv4_simple
 from stacklib.netns import (
     capability_problem,
     links,
@@ -29,13 +35,18 @@ from stacklib.netns import (
     run_in,
     veth_pair,
 )
+from stacklib.recipes import load_recipe, run_recipe
 from stacklib.transports.tap import (
     FrameSizeError,
+    TapAddress,
     TapDevice,
     TapError,
+    TapNetwork,
+    create_tap,
     open_tap,
     temporary_name_prefix,
 )
+from stacklib.unet import EndpointConfig, connect
 
 PROBLEM = capability_problem()
 pytestmark = pytest.mark.skipif(PROBLEM is not None, reason=PROBLEM or "")
@@ -48,6 +59,7 @@ ETH = struct.Struct("!6s6sH")
 ARP = struct.Struct("!HHBBH6s4s6s4s")
 IPV4 = struct.Struct("!BBHHHBBH4s4s")
 ETHERTYPE_IPV4, ETHERTYPE_ARP = 0x0800, 0x0806
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 TIMEOUT = 5  # seconds for one exchange; the tests take well under one each
 
 
@@ -369,3 +381,82 @@ async def test_the_ip_layer_over_a_tap_answers_the_kernels_ping(ns: str) -> None
             assert ip.statistics()["echo_replies"] == 1
         frames_out = tap.statistics()["frames_out"]
         assert isinstance(frames_out, int) and frames_out >= 2  # ARP reply, echo reply
+
+
+# --- the tap node transport: stacklib hosts bridged by the kernel -------------------------------
+
+
+def test_create_tap_blocks_and_leaves_nothing_behind(ns: str) -> None:
+    tap = create_tap(netns=ns, mtu=1400)
+    try:
+        assert tap.name in links(ns) and tap.mtu == 1400 and tap.fileno() >= 0
+    finally:
+        tap.close()
+    assert tap.name not in links(ns)
+
+
+A_IP, B_IP = bytes([10, 0, 0, 1]), bytes([10, 0, 0, 2])
+
+
+def test_two_nodes_exchange_ipv4_frames_through_the_kernels_bridge() -> None:
+    with TapNetwork(netns=None, mtu=1400) as network:
+        made = network.netns
+        assert made in namespaces() and network.bridge in links(made)
+        a, b = network.add_node("a"), network.add_node("b")
+        ep_a = a.os.create_endpoint(a.os.process("pa"), EndpointConfig())
+        ep_b = b.os.create_endpoint(b.os.process("pb"), EndpointConfig())
+        ch_a, ch_b = connect(ep_a, ep_b)
+        # A well-formed IPv4 packet: a bridge with br_netfilter drops malformed ones.
+        packet = build_ipv4_simple(A_IP, B_IP, 17, b"hi", 64, 1)
+
+        async def exchange() -> bytes:
+            with trio.fail_after(TIMEOUT):
+                await ep_a.send(ch_a, packet)
+                message = await ep_b.recv()
+                assert message.channel == ch_b
+                big = build_ipv4_simple(
+                    bytes([10, 0, 0, 2]), bytes([10, 0, 0, 1]), 17, bytes(1380), 64, 2
+                )
+                await ep_b.send(ch_b, big)  # the MTU exactly
+                assert (await ep_a.recv()).data == big
+                return message.data
+
+        assert trio.run(exchange) == packet
+        with pytest.raises(ChannelError, match="unicast"):
+            a.ni._tags(ep_a, TapAddress("ff:ff:ff:ff:ff:ff"))
+        with pytest.raises(ChannelError, match="own MAC"):
+            a.ni._tags(ep_a, a.ni.address_of(ep_a))
+        with pytest.raises(ChannelError, match="not a TapAddress"):
+            a.ni._tags(ep_a, "10.0.0.1")
+    assert made not in namespaces()  # closing removed the namespace it made
+
+
+def test_a_given_namespace_keeps_existing_without_the_bridge(ns: str) -> None:
+    network = TapNetwork(netns=ns, bridge="slbr7", kernel_address="10.98.0.254/24")
+    network.add_node("n0")
+    assert "slbr7" in links(ns)
+    network.close()
+    network.close()  # idempotent
+    assert ns in namespaces() and "slbr7" not in links(ns)
+
+
+@pytest.mark.parametrize("name", ["udp-tap", "tcp-tap"])
+def test_the_tap_recipes_run(name: str) -> None:
+    recipe = load_recipe(RECIPES / f"{name}.toml")
+    before = set(namespaces())
+    if isinstance(recipe.workload_params, UdpPingPongParams):
+        params: object = attrs.evolve(
+            recipe.workload_params, sizes=(0, 1472), iterations=20, warmup=2
+        )
+    else:
+        params = TcpStreamParams(size=300_000, chunk=65536, rtt_iterations=5, request=4)
+    result = run_recipe(recipe, workload_params=params)
+    if name == "udp-tap":
+        assert result.facts["lost"] == 0 and result.facts["max_size"] == 1472
+        assert [row["size"] for row in result.rows] == [0, 1472]
+    else:
+        assert result.facts["received"] == 300_000
+        segments = result.facts["segments_sent_by_node0"]
+        assert isinstance(segments, int) and segments >= 300_000 // 1460  # MSS from the MTU
+    gc.collect()  # the run's network is garbage now: its namespace goes with it
+    assert {n for n in namespaces() if n.startswith("sltap-")} <= before

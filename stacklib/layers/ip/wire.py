@@ -52,6 +52,8 @@ import functools
 import ipaddress
 import socket
 import struct
+import sys
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import attrs
@@ -99,6 +101,7 @@ __all__ = [
     "build_ethernet",
     "build_icmp",
     "build_ipv4",
+    "build_ipv4_simple",
     "checksum",
     "checksum_reference",
     "copy_with_sum",
@@ -116,6 +119,7 @@ __all__ = [
     "parse_icmp_reference",
     "parse_ipv4",
     "parse_ipv4_reference",
+    "parse_ipv4_simple",
     "pseudo_header_sum",
 ]
 
@@ -161,13 +165,46 @@ def ip_str(data: _Buffer) -> str:
 # --- the Internet checksum (RFC 1071) ----------------------------------------------------------
 
 _FOLD_ABOVE = 2048  # bytes: above this, halving folds beat one big modulo (measured)
+_LITTLE = sys.byteorder == "little"
 _MASKS: dict[int, int] = {}
+
+
+_NUMPY_ABOVE = 1024  # bytes: above this, numpy's word sum beats the big integer on real data
+
+
+@functools.cache
+def _numpy() -> ModuleType:
+    import numpy  # imported on first use: most programs never checksum a large packet
+
+    return numpy
+
+
+def _wide_sum(data: _Buffer) -> int:
+    """:func:`ones_sum` of a large buffer without ``start``: the 16-bit words in the machine's
+    order summed in 64 bits by numpy, folded, and swapped back once (RFC 1071 §2(B): the sum
+    is byte-order independent).  About 2-3x faster than the big integer on random data."""
+    np = _numpy()
+    size = len(data)
+    total = int(np.frombuffer(data, dtype=np.uint16, count=size >> 1).sum(dtype=np.uint64))
+    if size & 1:
+        total += data[-1] if _LITTLE else data[-1] << 8  # the zero-padded last word
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    if _LITTLE:
+        total = ((total & 0xFF) << 8) | (total >> 8)
+    return total
 
 
 def ones_sum(data: _Buffer, start: int = 0) -> int:
     """The 16-bit ones' complement sum of ``data`` (odd length: a zero byte appended) plus
     ``start`` (a previous result), in 0..0xFFFF; 0 only if everything summed was zero."""
     size = len(data)
+    if size > _NUMPY_ABOVE:
+        total = _wide_sum(data)
+        if start:
+            total += start
+            total = (total & 0xFFFF) + (total >> 16)
+        return total
     value = int.from_bytes(data, "big")
     if size & 1:
         value <<= 8
@@ -428,6 +465,45 @@ def build_ipv4(packet: Ipv4Packet) -> bytes:
     src, dst = ip_bytes(packet.src), ip_bytes(packet.dst)
     header = _pack_ipv4(*fields, 0, src, dst) + options
     return _pack_ipv4(*fields, checksum(header), src, dst) + options + packet.payload
+
+
+# The fixed header as whole bytes (version/IHL and flags/offset as 8 and 16-bit words): the
+# per-packet fast path of IP over U-Net, checked against IPV4_HEADER_FORMAT by the tests.
+_SIMPLE = struct.Struct("!BBHHHBBH4s4s")
+_VIHL = 0x45  # version 4, no options
+_DF = 0x4000
+
+
+def build_ipv4_simple(
+    src: bytes, dst: bytes, protocol: int, payload: _Buffer, ttl: int, identification: int
+) -> bytes:
+    """What :func:`build_ipv4` makes of an :class:`Ipv4Packet` with Don't Fragment set and no
+    options, TOS or fragmentation, from its fields (``src`` and ``dst`` as 4 bytes), without
+    the packet object: the send path of IP over U-Net (paper 000 §7.5: never fragments)."""
+    total = IPV4_HEADER_SIZE + len(payload)
+    if total > MAX_PACKET:
+        raise ValueError(f"IPv4 packet of {total} bytes exceeds {MAX_PACKET}")
+    try:
+        header = _SIMPLE.pack(_VIHL, 0, total, identification, _DF, ttl, protocol, 0, src, dst)
+    except struct.error as exc:
+        raise ValueError(f"IPv4 header field out of range: {exc}") from None
+    csum = ~ones_sum(header) & 0xFFFF
+    return header[:10] + csum.to_bytes(2, "big") + header[12:] + payload
+
+
+def parse_ipv4_simple(data: bytes) -> tuple[bytes, bytes, int, bytes] | None:
+    """(source, destination as 4 bytes, protocol, payload) of a well-formed packet without
+    options that is not a fragment and whose header checksum is right, as :func:`parse_ipv4`
+    would read it; None for anything else, which :func:`parse_ipv4` then judges (the receive
+    path's fast case)."""
+    if len(data) < IPV4_HEADER_SIZE:
+        return None
+    vihl, _, total, _, frag, _, protocol, _, src, dst = _SIMPLE.unpack_from(data)
+    if vihl != _VIHL or frag & 0xBFFF or not IPV4_HEADER_SIZE <= total <= len(data):
+        return None  # options, a fragment (or the reserved bit), a bad length: the slow path
+    if ones_sum(data[:IPV4_HEADER_SIZE]) != 0xFFFF:
+        return None
+    return src, dst, protocol, data[IPV4_HEADER_SIZE:total]
 
 
 def describe_ipv4(packet: Ipv4Packet) -> list[registry.Field]:

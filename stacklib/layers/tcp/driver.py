@@ -251,9 +251,17 @@ class TcpStream(trio.abc.HalfCloseableStream):
         self._closed = False
         self._send_busy = False
         self._recv_busy = False
+        # What a parked send_all still has to queue: the stack tops the send buffer up from it
+        # as ACKs free room, so the writer wakes once per call rather than once per ACK, and
+        # the data is cut into whole segments whichever task runs first.
+        self._pending: memoryview | None = None
         self._send_lot = trio.lowlevel.ParkingLot()
         self._recv_lot = trio.lowlevel.ParkingLot()
-        self._timer_at: float | None = None
+        self._timer_at: float | None = None  # the machine's deadline
+        # The deadline of this stream's live entry in the stack's timer heap.  A deadline that
+        # moves later (every ACK restarts the retransmission timer) needs no new entry: the old
+        # one fires, finds it early, and queues the new one.
+        self._queued_at: float | None = None
 
     def __repr__(self) -> str:
         local = f"{self._stack.ip.address}:{self._machine.local_port}"
@@ -322,13 +330,17 @@ class TcpStream(trio.abc.HalfCloseableStream):
                 view = view.cast("B")
             parked = False
             self._check_send()
-            while True:
-                view = view[self._push(view) :]
-                if not view:
-                    break
-                await self._send_lot.park()
+            view = view[self._push(view) :]
+            while view:
+                self._pending = view
+                try:
+                    await self._send_lot.park()
+                finally:
+                    view = self._pending if self._pending is not None else view
+                    self._pending = None
                 parked = True
                 self._check_send()
+                view = view[self._push(view) :]
             if not parked:
                 await trio.lowlevel.cancel_shielded_checkpoint()
         finally:
@@ -430,8 +442,9 @@ class TcpStream(trio.abc.HalfCloseableStream):
     # ------------------------------------------------------------------ from the stack
 
     def _wake(self) -> None:
-        # Called after every input and output: most of the time nobody is parked.
-        if self._send_lot:
+        # Called after every input and output: most of the time nobody is parked.  A writer
+        # with data still pending sleeps on unless the stream failed or closed.
+        if self._send_lot and (not self._pending or self._failure is not None or self._closed):
             self._send_lot.unpark_all()
         if self._recv_lot:
             self._recv_lot.unpark_all()
@@ -523,7 +536,7 @@ class TcpStack(StreamService):
         self._next_port = EPHEMERAL.start + rng.randrange(len(EPHEMERAL))
         self._closed = False
         # Timers: a heap of (deadline, tie, stream); an entry is live while it matches the
-        # stream's _timer_at and the stream is in the table.
+        # stream's _queued_at and the stream is in the table.
         self._timers: list[tuple[float, int, TcpStream]] = []
         self._tie = itertools.count()
         self._timer_kick = trio.Event()
@@ -729,10 +742,16 @@ class TcpStack(StreamService):
 
     # ------------------------------------------------------------------ driving machines
 
-    def _drain(self, stream: TcpStream) -> None:
+    def _drain(self, stream: TcpStream, now: float | None = None) -> None:
         """Pull everything a machine has after an input: segments, events, its next timer."""
         machine = stream._machine
-        for segment in machine.segments_to_send(trio.current_time()):
+        pending = stream._pending
+        if pending and machine.send_room:
+            try:
+                stream._pending = pending[machine.send(pending) :]
+            except LocalProtocolError:
+                stream._send_lot.unpark_all()  # no longer open for sending: the writer finds out
+        for segment in machine.segments_to_send(trio.current_time() if now is None else now):
             self._transmit(stream._remote[0], segment)
         event = machine.next_event()
         while event is not None:
@@ -750,12 +769,12 @@ class TcpStack(StreamService):
             stream._wake()
             return
         deadline = machine.get_timer()
-        if deadline != stream._timer_at:
-            stream._timer_at = deadline
-            if deadline is not None:
-                heapq.heappush(self._timers, (deadline, next(self._tie), stream))
-                if deadline < self._sleeping_until:
-                    self._timer_kick.set()
+        stream._timer_at = deadline
+        if deadline is not None and (stream._queued_at is None or deadline < stream._queued_at):
+            stream._queued_at = deadline
+            heapq.heappush(self._timers, (deadline, next(self._tie), stream))
+            if deadline < self._sleeping_until:
+                self._timer_kick.set()
         stream._wake()
 
     def _on_event(self, stream: TcpStream, event: object) -> None:
@@ -845,7 +864,7 @@ class TcpStack(StreamService):
         now = trio.current_time()
         if stream is not None:
             stream._machine.receive_segment(payload, now)
-            self._drain(stream)
+            self._drain(stream, now)
             return
         try:
             remote_bytes = ip_bytes(src)
@@ -912,10 +931,10 @@ class TcpStack(StreamService):
         timers = self._timers
         while True:
             while timers and (
-                timers[0][2]._timer_at != timers[0][0]
+                timers[0][2]._queued_at != timers[0][0]
                 or self._conns.get(timers[0][2]._key) is not timers[0][2]
             ):
-                heapq.heappop(timers)  # stale: the deadline moved, or the connection is gone
+                heapq.heappop(timers)  # stale: superseded, or the connection is gone
             self._sleeping_until = timers[0][0] if timers else math.inf
             self._timer_kick = trio.Event()
             with trio.move_on_at(self._sleeping_until):
@@ -924,11 +943,19 @@ class TcpStack(StreamService):
             now = trio.current_time()
             while timers and timers[0][0] <= now:
                 deadline, _, stream = heapq.heappop(timers)
-                if stream._timer_at != deadline or self._conns.get(stream._key) is not stream:
+                if stream._queued_at != deadline or self._conns.get(stream._key) is not stream:
+                    continue
+                stream._queued_at = None
+                at = stream._timer_at
+                if at is None:
+                    continue  # the timer was stopped
+                if at > now:  # it moved later since this entry was queued
+                    stream._queued_at = at
+                    heapq.heappush(timers, (at, next(self._tie), stream))
                     continue
                 stream._timer_at = None
                 stream._machine.handle_timer(now)
-                self._drain(stream)
+                self._drain(stream, now)
 
     async def _send_loop(self) -> None:
         queue = self._outq

@@ -40,6 +40,7 @@ import attrs
 
 from stacklib.errors import LocalProtocolError
 from stacklib.layers.tcp.wire import (
+    HEADER_WORDS,
     IPv4Address,
     Segment,
     TcpErrorKind,
@@ -48,6 +49,7 @@ from stacklib.layers.tcp.wire import (
     TcpOptions,
     build,
     build_fields,
+    checksum,
     parse,
 )
 
@@ -370,6 +372,9 @@ def reset_for(segment: Segment) -> Segment | None:
 
 _DEFAULT_MSS = 536  # RFC 9293 §3.7.1: assumed when the peer sends no MSS option
 _MAX_WINDOW = 0xFFFF  # no window scaling: the header field is the window
+# Header prediction's control words: data offset 5 (no options), then ACK or ACK|PSH only.
+_PREDICTED_ACK = 0x5000 | _ACK
+_PREDICTED_PSH = 0x5000 | _ACK | _PSH
 _CWND_CAP = 1 << 30
 
 
@@ -587,7 +592,7 @@ class TcpConnection:
             return b""
         out = bytes(self._rcvbuf[:n])
         del self._rcvbuf[:n]
-        if self._state in _RECEIVING and self._window_can_move():
+        if self._state in _RECEIVING and self._window_update_due():
             self._ack_pending = True
         return out
 
@@ -775,6 +780,12 @@ class TcpConnection:
     def receive_segment(self, segment: bytes | bytearray | memoryview, now: float) -> None:
         """Feed one segment (TCP header and payload, as IP delivered it).  Never raises on bad
         input: malformed and unacceptable segments are dropped and counted."""
+        if (
+            self._state is TcpState.ESTABLISHED
+            and len(segment) >= 20
+            and self._predicted(segment, now)
+        ):
+            return
         try:
             seg = parse(segment, *self._rx_addresses)
         except TcpFormatError as exc:
@@ -799,6 +810,61 @@ class TcpConnection:
             self._on_syn_sent(seg, now)
         else:
             self._on_synchronized(seg, now)
+
+    def _predicted(self, segment: bytes | bytearray | memoryview, now: float) -> bool:
+        """Header prediction (Van Jacobson's, as in 4.4BSD's tcp_input): in ESTABLISHED, the
+        next in-order segment with only ACK (and PSH) set, no options, that either acknowledges
+        new data or carries data that fits the window, nothing else going on (no recovery, no
+        out-of-order queue, no FIN queued).  Handled here with the same effect as the full
+        path, without a Segment object; False, nothing changed, for everything else."""
+        sport, dport, seq, ack, control, window, _, _ = HEADER_WORDS.unpack_from(segment)
+        if (
+            (control != _PREDICTED_ACK and control != _PREDICTED_PSH)
+            or seq != self._rcv_nxt
+            or sport != self.remote_port
+            or dport != self.local_port
+            or self._ooo
+            or self._fin_queued
+            or self._in_recovery
+        ):
+            return False
+        size = len(segment) - 20
+        advance = ((ack - self._snd_una + _HALF) & _MASK) - _HALF
+        if advance > 0:
+            if ((ack - self._snd_max + _HALF) & _MASK) - _HALF > 0:
+                return False  # acknowledges what was never sent
+        elif advance < 0 or not size:
+            return False  # an old ACK, or a duplicate one: the full path counts them
+        if size and size > ((self._rcv_adv - seq + _HALF) & _MASK) - _HALF:
+            return False  # beyond the window: the full path trims it
+        if self._rx_addresses and checksum(segment, *self._rx_addresses) != 0:
+            self._drop(DropReason.CHECKSUM)
+            return True
+        self._segments_in += 1
+        self._keepalive_touch(now)
+        if advance > 0:
+            self._on_new_ack(ack, now)
+        # RFC 9293 §3.10.7.4's window update, as _on_ack does it (SND.UNA <= SEG.ACK here).
+        wl1 = ((self._snd_wl1 - seq + _HALF) & _MASK) - _HALF
+        if wl1 < 0 or (wl1 == 0 and ((self._snd_wl2 - ack + _HALF) & _MASK) - _HALF <= 0):
+            if window > self._snd_wnd:
+                self._persist_backoff = 0
+            self._snd_wnd = window
+            if window > self._max_snd_wnd:
+                self._max_snd_wnd = window
+            self._snd_wl1, self._snd_wl2 = seq, ack
+        if size:
+            self._deliver(bytes(segment[20:]))
+            self._events.append(DataReceived(available=len(self._rcvbuf)))
+            if self.config.delayed_ack is None:
+                self._ack_pending = True
+            else:
+                self._unacked_segments += 1
+                if self._unacked_segments >= 2:  # RFC 5681 §4.2: ACK at least every 2nd
+                    self._ack_pending = True
+                elif self._delack_at is None:
+                    self._delack_at = now + self.config.delayed_ack
+        return True
 
     def _on_syn_sent(self, seg: Segment, now: float) -> None:
         """RFC 9293 §3.10.7.3."""
@@ -1202,6 +1268,18 @@ class TcpConnection:
         edge = (self._rcv_nxt + self._free_space()) & _MASK
         threshold = min(self.config.receive_buffer // 2, self._eff_mss)
         return ((edge - self._rcv_adv + _HALF) & _MASK) - _HALF >= max(threshold, 1)
+
+    def _window_update_due(self) -> bool:
+        """After a read: send a window update only if the window the peer knows has closed to
+        half the buffer or less and the update would at least double it (Linux's rule,
+        tcp_cleanup_rbuf).  A wider window needs none: the ACKs of the data still coming carry
+        the new edge, and an update per read would be a third segment per data segment."""
+        known = max(((self._rcv_adv - self._rcv_nxt + _HALF) & _MASK) - _HALF, 0)
+        if 2 * known > min(self.config.receive_buffer, _MAX_WINDOW):
+            return False
+        if not self._window_can_move():
+            return False
+        return self._free_space() >= 2 * known
 
     def _advertise(self) -> int:
         """The window to put in a segment: the right edge moves only by min(buffer / 2, MSS)

@@ -50,13 +50,13 @@ from __future__ import annotations
 import enum
 import functools
 import struct
-import sys
 from typing import TYPE_CHECKING
 
 import attrs
 import construct
 
 from stacklib.errors import FormatError
+from stacklib.layers.ip.wire import ones_sum
 from stacklib.wire import registry
 from stacklib.wire.codec import derive_codec
 
@@ -67,6 +67,7 @@ __all__ = [
     "HEADER_CODEC",
     "HEADER_FORMAT",
     "HEADER_SIZE",
+    "HEADER_WORDS",
     "MAX_OPTIONS",
     "PROTOCOL_NUMBER",
     "IPv4Address",
@@ -163,6 +164,9 @@ syn, fin, window, checksum, urgent."""
 # The hot path reads the control word as one integer: same bytes, fewer conversions.  The tests
 # prove it agrees with HEADER_CODEC (and so with HEADER_FORMAT).
 _FAST = struct.Struct(">HHIIHHHH")
+HEADER_WORDS = _FAST
+"""The fixed header as (src_port, dst_port, seq, ack, control, window, checksum, urgent), the
+control word being data offset << 12 | flags: the receive path's header prediction reads it."""
 
 # Option kinds (RFC 9293 §3.2, RFC 7323, RFC 2018).
 _EOL, _NOP, _MSS, _WSCALE, _SACK_OK, _SACK, _TIMESTAMPS = 0, 1, 2, 3, 4, 5, 8
@@ -232,28 +236,18 @@ class Segment:
 
 # --- the checksum (RFC 1071) --------------------------------------------------------------------
 
-_SWAP = sys.byteorder == "little"
-
 
 def internet_checksum(data: bytes | bytearray | memoryview, initial: int = 0) -> int:
     """The 16-bit one's complement of the one's complement sum of ``data`` (RFC 1071).
 
     ``initial`` is a partial (unfolded, big-endian) sum to add, e.g. of a pseudo-header.  The
-    words are summed in the machine's order (RFC 1071 §2(B): the sum is byte-order independent)
-    by one C-level ``sum`` over a ``memoryview`` cast, then folded and swapped once.
+    sum is IP's :func:`~stacklib.layers.ip.wire.ones_sum`: the bytes as one big integer
+    reduced modulo 0xFFFF (2**16 = 1 mod 0xFFFF), about 4x faster than summing 16-bit words
+    at 2 KB (docs/performance.md).
     """
-    view = memoryview(data)
-    if len(view) & 1:
-        view = memoryview(bytes(view) + b"\x00")
-    total = sum(view.cast("B").cast("H"))
-    while total >> 16:
-        total = (total & 0xFFFF) + (total >> 16)
-    if _SWAP:
-        total = ((total & 0xFF) << 8) | (total >> 8)
-    total += initial
-    while total >> 16:
-        total = (total & 0xFFFF) + (total >> 16)
-    return ~total & 0xFFFF
+    while initial >> 16:
+        initial = (initial & 0xFFFF) + (initial >> 16)
+    return ~ones_sum(data, initial) & 0xFFFF
 
 
 def _address(value: IPv4Address) -> int:

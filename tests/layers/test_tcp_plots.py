@@ -1,0 +1,54 @@
+"""Paper 000 Figs 6-9 as curves (experiments/tcpip.py) and as the plots of
+``stacklib reproduce --plots``: the shapes the text describes, and PNG files."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from stacklib.experiments import tcpip
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_fig6_atm_is_slower_than_ethernet_for_small_messages_only() -> None:
+    curves = tcpip.fig6_curves((16, 1000))
+    for proto in ("UDP", "TCP"):
+        atm, eth = curves[f"kernel {proto}, ATM"], curves[f"kernel {proto}, Ethernet"]
+        assert atm[16] > eth[16]  # §7: "larger using ATM than going over Ethernet"
+        assert atm[1000] < eth[1000]
+    assert set(tcpip.fig6_curves((2000,))["kernel TCP, Ethernet"]) == set()  # beyond one MSS
+
+
+def test_fig7_saw_tooth_and_unet_above_the_kernel() -> None:
+    curves = tcpip.fig7_curves(unet_sizes=(4096,), kernel_sizes=(2559, 2560, 4096))
+    sender = curves["kernel UDP/ATM, sender"]
+    assert sender[2560] > sender[2559]  # 1 KB clusters vs small mbufs (§7.3)
+    assert curves["U-Net UDP"][4096] > curves["kernel UDP/ATM, received"][4096]
+    received, sent = curves["kernel UDP/ATM, received"][4096], sender[4096]
+    assert received <= sent
+
+
+def test_fig8_unet_with_8k_beats_the_kernel_with_64k() -> None:
+    curves = tcpip.fig8_curves(windows=(8192,), total=256 * 1024)
+    kernel = tcpip.fig8_curves(windows=())["kernel TCP/ATM"]
+    assert kernel == {}
+    assert curves["U-Net TCP"][8192] > tcpip.k.tcp_bandwidth(tcpip.k.ATM, 65535)
+
+
+def test_fig9_unet_round_trips_are_several_times_shorter() -> None:
+    curves = tcpip.fig9_curves((16,))
+    assert curves["kernel UDP/ATM"][16] > 3 * curves["U-Net UDP"][16]
+    assert curves["kernel TCP/ATM"][16] > 3 * curves["U-Net TCP"][16]
+
+
+@pytest.mark.parametrize("draw", tcpip.PLOTS, ids=lambda f: f.__name__)
+def test_the_figures_are_drawn(tmp_path: Path, draw: Callable[..., Path]) -> None:
+    pytest.importorskip("matplotlib", reason="matplotlib is the optional extra stacklib[plot]")
+    sizes = [4096, 8192] if draw is tcpip.plot_fig8 else [16, 512]
+    path = draw(tmp_path, sizes)
+    assert path.parent == tmp_path and path.name.startswith("paper000_fig")
+    data = path.read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 1000
