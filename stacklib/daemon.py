@@ -1,8 +1,9 @@
-"""The U-Net OS service as a daemon: set-up, authentication and protection, off the data path.
+"""The U-Net OS service as a daemon: set-up, authentication and protection, and single copies.
 
 Paper 000 §3.2: the OS service creates endpoints and channels, performs the authentication and
-authorization checks and registers the tag; it is never on the data path.  For the shm transport
-this daemon (one per host, ``stacklib daemon`` or started on demand) does exactly that:
+authorization checks and registers the tag; it is never on the data path of ring messages (it
+moves only single-copy transfers, see below).  For the shm transport this daemon (one per
+host, ``stacklib daemon`` or started on demand) does exactly that:
 
 * it listens on a UNIX stream socket (:func:`default_socket_path`) and identifies each
   connected process by ``SO_PEERCRED`` (pid, uid, gid), never by what the process claims;
@@ -16,7 +17,12 @@ this daemon (one per host, ``stacklib daemon`` or started on demand) does exactl
   channels and marks its side of each region closed and reclaimed, so the surviving peer's
   ``ShmLink.check_peer`` fails the channel with ``PeerGone``;
 * a malformed or forged request (a pid that is not the caller's, a channel or endpoint it does
-  not own, a bogus tag) gets an error reply, is logged and counted, and never stops the daemon.
+  not own, a bogus tag) gets an error reply, is logged and counted, and never stops the daemon;
+* single-copy transfers (:mod:`stacklib.transports.xmem`, paper 002 §4): a process registers
+  memory it has, a receiver gets a receive pool it posts buffers into, and on SEND_DIRECT (or
+  an entry in the sender's shared request queue) the daemon checks channel, side and
+  registration and copies with one ``process_vm_readv`` from the sender into the peer's next
+  posted buffer; failures are statuses on the DONE, never a crash.
 
 Messages then flow through the per-channel rings (:mod:`stacklib.transports.shm`) with no
 daemon involvement.  :class:`DaemonBroker` plugs the daemon into ``ShmNetwork(broker=...)``.
@@ -41,6 +47,7 @@ import mmap
 import os
 import pwd
 import re
+import select
 import signal
 import socket
 import stat
@@ -58,6 +65,7 @@ import construct as cs
 import trio
 
 from stacklib.errors import ChannelError, FormatError, PermissionDenied
+from stacklib.transports import xmem
 from stacklib.transports.shm import (
     _HEADER,
     _SIDE_WORD,
@@ -68,8 +76,11 @@ from stacklib.transports.shm import (
     PeerGone,
     RegionSpec,
     ShmAddress,
+    ShmEndpoint,
     ShmNetwork,
+    ShmNI,
 )
+from stacklib.wire.codec import FixedCodec, derive_codec
 
 log = logging.getLogger("stacklib.daemon")
 
@@ -80,6 +91,11 @@ MAX_BODY = 4096
 #: because the owning process died (words 3-7 of the header page are unused by shm).
 RECLAIMED_WORD = 4
 ENV_SOCKET = "STACKLIB_DAEMON_SOCKET"
+#: Most memory ranges one process may register for single-copy transfers.
+MAX_WINDOWS = 256
+#: Seconds the request-queue mover polls before sleeping, and its longest sleep.
+MOVER_SPIN = 50e-6
+MOVER_MAX_SLEEP = 0.02
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
@@ -109,6 +125,7 @@ class ErrorCode(enum.IntEnum):
     IN_USE = 6
     BAD_SPEC = 7
     INTERNAL = 8
+    BAD_RANGE = 9
 
 
 _DENIALS = {ErrorCode.FORGED_PID, ErrorCode.NOT_OWNER, ErrorCode.DENIED}
@@ -120,10 +137,19 @@ class MsgType(enum.IntEnum):
     CLOSE_CHANNEL = 3
     CLOSE_ENDPOINT = 4
     STATUS = 5
+    REGISTER = 6
+    DEREGISTER = 7
+    OPEN_POOL = 8
+    SEND_DIRECT = 9
+    OPEN_QUEUE = 10
+    DOORBELL = 11
     OK = 128
     CHANNEL = 129
     ERROR = 130
     STATUS_REPLY = 131
+    POOL = 132
+    DONE = 133
+    QUEUE = 134
 
 
 # ==================================================================== wire format
@@ -147,6 +173,27 @@ _PAYLOADS: dict[int, Any] = {
     ),
     MsgType.CLOSE_ENDPOINT: cs.Struct("pid" / cs.Int32ub, "node" / _Name, "port" / cs.Int16ub),
     MsgType.STATUS: cs.Struct("pid" / cs.Int32ub),
+    MsgType.REGISTER: cs.Struct("pid" / cs.Int32ub, "address" / cs.Int64ub, "length" / cs.Int64ub),
+    MsgType.DEREGISTER: cs.Struct(
+        "pid" / cs.Int32ub, "address" / cs.Int64ub, "length" / cs.Int64ub
+    ),
+    MsgType.OPEN_POOL: cs.Struct(
+        "pid" / cs.Int32ub,
+        "node" / _Name,
+        "port" / cs.Int16ub,
+        "slots" / cs.Int32ub,
+        "data_bytes" / cs.Int64ub,
+    ),
+    MsgType.SEND_DIRECT: cs.Struct(
+        "pid" / cs.Int32ub,
+        "channel" / cs.Int32ub,
+        "side" / cs.Int8ub,
+        "address" / cs.Int64ub,
+        "length" / cs.Int32ub,
+        "cookie" / cs.Int32ub,
+    ),
+    MsgType.OPEN_QUEUE: cs.Struct("pid" / cs.Int32ub, "slots" / cs.Int32ub),
+    MsgType.DOORBELL: cs.Struct("pid" / cs.Int32ub),
     MsgType.OK: cs.Struct(),
     MsgType.CHANNEL: cs.Struct(
         "channel" / cs.Int32ub,
@@ -156,6 +203,11 @@ _PAYLOADS: dict[int, Any] = {
     ),
     MsgType.ERROR: cs.Struct("code" / cs.Int16ub, "text" / _Text),
     MsgType.STATUS_REPLY: cs.Struct("text" / _Text),
+    MsgType.QUEUE: cs.Struct("slots" / cs.Int32ub),
+    MsgType.POOL: cs.Struct("slots" / cs.Int32ub, "data_bytes" / cs.Int64ub),
+    MsgType.DONE: cs.Struct(
+        "cookie" / cs.Int32ub, "status" / cs.Int8ub, "length" / cs.Int32ub, "channel" / cs.Int32ub
+    ),
 }
 
 #: The body of every message (after the 4-byte big-endian length prefix).
@@ -211,6 +263,91 @@ class Status:
 
 
 @attrs.frozen
+class Register:
+    """Let transfers read ``length`` bytes at ``address`` of the caller (whole pages)."""
+
+    pid: int
+    address: int
+    length: int
+    type = MsgType.REGISTER
+
+
+@attrs.frozen
+class Deregister:
+    pid: int
+    address: int
+    length: int
+    type = MsgType.DEREGISTER
+
+
+@attrs.frozen
+class OpenPool:
+    """Create the receive pool of the caller's endpoint (reply POOL and its descriptor)."""
+
+    pid: int
+    node: str
+    port: int
+    slots: int
+    data_bytes: int
+    type = MsgType.OPEN_POOL
+
+
+@attrs.frozen
+class SendDirect:
+    """Copy ``length`` bytes at ``address`` of the caller into the next posted buffer of the
+    peer of ``channel`` (the caller owns ``side``); reply DONE with ``cookie``."""
+
+    pid: int
+    channel: int
+    side: int
+    address: int
+    length: int
+    cookie: int
+    type = MsgType.SEND_DIRECT
+
+
+@attrs.frozen
+class OpenQueue:
+    """Create the caller's request queue (reply QUEUE and its descriptor)."""
+
+    pid: int
+    slots: int
+    type = MsgType.OPEN_QUEUE
+
+
+@attrs.frozen
+class Doorbell:
+    """The caller's request queue has work and the daemon's mover sleeps (no reply)."""
+
+    pid: int
+    type = MsgType.DOORBELL
+
+
+@attrs.frozen
+class QueueGranted:
+    slots: int
+    type = MsgType.QUEUE
+
+
+@attrs.frozen
+class PoolGranted:
+    slots: int
+    data_bytes: int
+    type = MsgType.POOL
+
+
+@attrs.frozen
+class Done:
+    """The completion of a SEND_DIRECT: an :class:`~stacklib.transports.xmem.XferStatus`."""
+
+    cookie: int
+    status: int
+    length: int
+    channel: int
+    type = MsgType.DONE
+
+
+@attrs.frozen
 class Ok:
     type = MsgType.OK
 
@@ -239,8 +376,33 @@ class StatusReply:
     type = MsgType.STATUS_REPLY
 
 
-Request = CreateEndpoint | OpenChannel | CloseChannel | CloseEndpoint | Status
-Reply = Ok | ChannelGranted | ErrorReply | StatusReply
+Request = (
+    CreateEndpoint
+    | OpenChannel
+    | CloseChannel
+    | CloseEndpoint
+    | Status
+    | Register
+    | Deregister
+    | OpenPool
+    | SendDirect
+    | OpenQueue
+    | Doorbell
+)
+Reply = Ok | ChannelGranted | ErrorReply | StatusReply | PoolGranted | Done | QueueGranted
+_REQUESTS = (
+    CreateEndpoint,
+    OpenChannel,
+    CloseChannel,
+    CloseEndpoint,
+    Status,
+    Register,
+    Deregister,
+    OpenPool,
+    SendDirect,
+    OpenQueue,
+    Doorbell,
+)
 Message = Request | Reply
 
 _CLASSES: dict[int, type[Any]] = {
@@ -251,16 +413,51 @@ _CLASSES: dict[int, type[Any]] = {
         CloseChannel,
         CloseEndpoint,
         Status,
+        Register,
+        Deregister,
+        OpenPool,
+        SendDirect,
+        OpenQueue,
+        Doorbell,
+        QueueGranted,
         Ok,
         ChannelGranted,
         ErrorReply,
         StatusReply,
+        PoolGranted,
+        Done,
     )
+}
+
+
+def _fixed(kind: MsgType) -> FixedCodec:
+    # The whole body of a fixed-size message, derived from the same construct definition.
+    frame = cs.Struct(
+        "version" / cs.Const(PROTOCOL_VERSION, cs.Int8ub),
+        "type" / cs.Const(int(kind), cs.Int8ub),
+        "seq" / cs.Int32ub,
+        "payload" / _PAYLOADS[kind],
+    )
+    return derive_codec(frame, DaemonFormatError)
+
+
+#: Struct-speed codecs of the per-transfer messages (SEND_DIRECT and its DONE), which are on
+#: the data path of single-copy transfers; tests prove them equal to :data:`BODY`.
+FAST_CODECS: dict[int, tuple[FixedCodec, type[Any]]] = {
+    MsgType.SEND_DIRECT: (_fixed(MsgType.SEND_DIRECT), SendDirect),
+    MsgType.DONE: (_fixed(MsgType.DONE), Done),
 }
 
 
 def encode(seq: int, message: Message) -> bytes:
     """One framed message: length prefix and body."""
+    fast = FAST_CODECS.get(message.type)
+    if fast is not None:
+        codec = fast[0]
+        try:
+            return codec.size.to_bytes(4, "big") + codec.pack(seq, *attrs.astuple(message))
+        except ValueError as error:
+            raise DaemonFormatError(f"cannot encode {message!r}: {error}") from None
     try:
         body: bytes = BODY.build(
             {"type": int(message.type), "seq": seq, "payload": attrs.asdict(message)}
@@ -274,6 +471,10 @@ def encode(seq: int, message: Message) -> bytes:
 
 def decode(body: bytes) -> tuple[int, Message]:
     """Parse one body (without its length prefix): (seq, message); DaemonFormatError if bad."""
+    fast = FAST_CODECS.get(body[1]) if len(body) > 1 else None
+    if fast is not None and len(body) == fast[0].size:
+        values = fast[0].unpack(body)
+        return int(values[0]), fast[1](*values[1:])
     try:
         parsed = BODY.parse(body)
     except (cs.ConstructError, UnicodeError, ValueError, OverflowError) as error:
@@ -374,6 +575,12 @@ class _Client:
     endpoints: set[ShmAddress] = attrs.field(factory=set)
     channels: set[int] = attrs.field(factory=set)
     lock: trio.Lock = attrs.field(factory=trio.Lock)
+    #: Registered memory (page-aligned [start, end) ranges) single-copy transfers may read.
+    windows: list[tuple[int, int]] = attrs.field(factory=list)
+    #: A pidfd of the process: a transfer checks it is still alive before touching its pid.
+    pidfd: int | None = None
+    #: Its request queue (transfers submitted through shared memory), if it opened one.
+    queue: xmem.QueueState | None = None
 
 
 @attrs.define(eq=False)
@@ -398,6 +605,11 @@ class _Channel:
         return self.word(_SIDE_WORD[side] + 1) == STATE_CLOSED
 
 
+def _readable(fd: int) -> bool:
+    readable, _, _ = select.select([fd], [], [], 0)
+    return bool(readable)
+
+
 def _side(local: ShmAddress, remote: ShmAddress) -> int:
     # The same rule as FileBroker: the lower (node, port) is side 0.
     return 0 if (local.node, local.port) < (remote.node, remote.port) else 1
@@ -415,6 +627,8 @@ class Daemon:
         *,
         policy: DaemonPolicy | None = None,
         idle_timeout: float | None = None,
+        cache_entries: int = 1024,
+        cache_policy: str = "lru",
     ) -> None:
         self.socket_path = socket_path
         self.policy: DaemonPolicy = policy if policy is not None else SameUid()
@@ -425,8 +639,16 @@ class Daemon:
         self.channels: dict[int, _Channel] = {}
         self.by_pair: dict[tuple[ShmAddress, ShmAddress], _Channel] = {}
         self.counters: Counter[str] = Counter()
+        #: Receive pools of endpoints, for single-copy transfers (stacklib.transports.xmem).
+        self.pools: dict[ShmAddress, tuple[_Client, xmem.PoolState]] = {}
+        #: Page checks of registered memory, bounded like the NI TLB (paper 002 §4).
+        self.cache = xmem.RegistrationCache(cache_entries, cache_policy)
         self._next_channel = 1
         self._idle_changed = trio.Event()
+        #: Set by a DOORBELL or a new queue: the request-queue mover wakes up.
+        self._doorbell = trio.Event()
+        #: Seconds the mover polls request queues before it sleeps (as the shm transport does).
+        self.mover_spin = MOVER_SPIN
 
     # ---------------------------------------------------------------- request handling
     def _refuse(self, client: _Client, code: ErrorCode, text: str) -> ErrorReply:
@@ -438,9 +660,7 @@ class Daemon:
 
     def handle(self, client: _Client, message: Message) -> tuple[Reply, int | None]:
         """Answer one request: the reply and a descriptor to pass with it (or None)."""
-        if not isinstance(
-            message, CreateEndpoint | OpenChannel | CloseChannel | CloseEndpoint | Status
-        ):
+        if not isinstance(message, _REQUESTS):
             return self._refuse(client, ErrorCode.MALFORMED, "a reply is not a request"), None
         if message.pid != client.cred.pid:
             # The kernel's word, not the payload's, says who is asking.
@@ -454,6 +674,15 @@ class Daemon:
             return StatusReply(json.dumps(self.status())), None
         if isinstance(message, CloseChannel):
             return self._close_channel(client, message.channel, message.side), None
+        if isinstance(message, SendDirect):
+            return self._send_direct(client, message), None
+        if isinstance(message, Register | Deregister):
+            return self._register(client, message), None
+        if isinstance(message, Doorbell):
+            self._doorbell.set()
+            return Ok(), None
+        if isinstance(message, OpenQueue):
+            return self._open_queue(client, message.slots)
         address = ShmAddress(message.node, message.port)
         if not _NAME.match(address.node):
             return self._refuse(client, ErrorCode.BAD_TAG, f"bad node name {address.node!r}"), None
@@ -461,6 +690,8 @@ class Daemon:
             return self._create_endpoint(client, address), None
         if isinstance(message, CloseEndpoint):
             return self._close_endpoint(client, address), None
+        if isinstance(message, OpenPool):
+            return self._open_pool(client, address, message)
         return self._open_channel(client, address, message)
 
     def _create_endpoint(self, client: _Client, address: ShmAddress) -> Reply:
@@ -492,6 +723,9 @@ class Daemon:
         return Ok()
 
     def _drop_endpoint(self, client: _Client, address: ShmAddress) -> None:
+        pool = self.pools.pop(address, None)
+        if pool is not None:
+            pool[1].close()
         del self.endpoints[address]
         client.endpoints.discard(address)
         if not any(a.node == address.node for a in client.endpoints):
@@ -566,6 +800,171 @@ class Daemon:
         self.by_pair[pair] = channel
         return channel
 
+    # ---------------------------------------------------------------- single-copy transfers
+    def _register(self, client: _Client, message: Register | Deregister) -> Reply:
+        page = xmem.PAGE
+        start = message.address // page * page
+        end = -(-(message.address + message.length) // page) * page
+        if message.length <= 0 or end > 1 << 63:
+            return self._refuse(client, ErrorCode.BAD_RANGE, "an empty or impossible range")
+        if isinstance(message, Deregister):
+            if (start, end) not in client.windows:
+                return self._refuse(client, ErrorCode.NOT_OWNER, "that range is not registered")
+            client.windows.remove((start, end))
+            self.cache.invalidate(client.cred.pid, start, end - start)
+            return Ok()
+        # The process must have the memory it offers: readable and mapped now.  (Unmapping it
+        # later only makes its own transfers fail with BAD_ADDRESS.)
+        try:
+            mapped = xmem.readable_ranges(client.cred.pid)
+        except OSError as error:
+            return self._refuse(client, ErrorCode.INTERNAL, f"cannot read its maps: {error}")
+        if not xmem.covered(mapped, start, end):
+            return self._refuse(
+                client, ErrorCode.BAD_RANGE, f"{start:#x}-{end:#x} is not readable memory"
+            )
+        if len(client.windows) >= MAX_WINDOWS:
+            return self._refuse(client, ErrorCode.BAD_RANGE, f"over {MAX_WINDOWS} registrations")
+        client.windows.append((start, end))
+        self.counters["registrations"] += 1
+        return Ok()
+
+    def _open_pool(
+        self, client: _Client, address: ShmAddress, message: OpenPool
+    ) -> tuple[Reply, int | None]:
+        if self.endpoints.get(address) is not client:
+            return self._refuse(
+                client, ErrorCode.NOT_OWNER, f"endpoint {address} is not yours"
+            ), None
+        if address in self.pools:
+            return self._refuse(client, ErrorCode.IN_USE, f"{address} has a pool"), None
+        try:
+            layout = xmem.PoolLayout(message.slots, message.data_bytes)
+        except ValueError as error:
+            return self._refuse(client, ErrorCode.BAD_SPEC, str(error)), None
+        try:
+            pool = xmem.create_pool(layout, f"stacklib-pool-{address}")
+        except OSError as error:
+            return self._refuse(client, ErrorCode.INTERNAL, f"cannot create pool: {error}"), None
+        self.pools[address] = (client, pool)
+        return PoolGranted(layout.slots, layout.data_bytes), pool.fd
+
+    def _open_queue(self, client: _Client, slots: int) -> tuple[Reply, int | None]:
+        if client.queue is not None:
+            return self._refuse(client, ErrorCode.IN_USE, "this connection has a queue"), None
+        try:
+            layout = xmem.QueueLayout(slots)
+        except ValueError as error:
+            return self._refuse(client, ErrorCode.BAD_SPEC, str(error)), None
+        try:
+            fd, region = xmem.create_queue(layout, f"stacklib-queue-{client.cred.pid}")
+        except OSError as error:
+            return self._refuse(client, ErrorCode.INTERNAL, f"cannot create queue: {error}"), None
+        client.queue = xmem.QueueState(fd, region, layout)
+        self._doorbell.set()
+        return QueueGranted(layout.slots), fd
+
+    def serve_queues(self) -> int:
+        """Run every request queue once (at most one ring's worth each, for fairness)."""
+        served = 0
+        for client in list(self.clients):
+            queue = client.queue
+            if queue is None or not queue.pending():
+                continue
+            for _ in range(queue.layout.slots):
+                entry = queue.take()
+                if entry is None:
+                    break
+                address, length, channel, side, cookie = entry
+                done = self._send_direct(
+                    client, SendDirect(client.cred.pid, channel, side, address, length, cookie)
+                )
+                queue.answer(cookie, done.status, done.length, channel)
+                served += 1
+        return served
+
+    async def _mover(self) -> None:
+        """Serve request queues: poll while busy, spin ``mover_spin`` s, then sleep until a
+        doorbell (or ``MOVER_MAX_SLEEP``, which bounds a lost wake-up: no fences in Python)."""
+        while True:
+            if self.serve_queues():
+                await trio.lowlevel.checkpoint()
+                continue
+            deadline = time.perf_counter() + self.mover_spin
+            busy = False
+            while time.perf_counter() < deadline:
+                await trio.lowlevel.checkpoint()
+                if self.serve_queues():
+                    busy = True
+                    break
+            if busy:
+                continue
+            self._doorbell = trio.Event()
+            queues = [c.queue for c in self.clients if c.queue is not None]
+            if not queues:
+                await self._doorbell.wait()
+                continue
+            for queue in queues:
+                queue.set_sleeping(True)
+            if not any(queue.pending() for queue in queues):
+                with trio.move_on_after(MOVER_MAX_SLEEP):
+                    await self._doorbell.wait()
+            for queue in queues:
+                if not queue.region.closed:
+                    queue.set_sleeping(False)
+
+    def _send_direct(self, client: _Client, message: SendDirect) -> Done:
+        status, length = self._move(client, message)
+        self.counters[f"direct_{status.name.lower()}"] += 1
+        return Done(message.cookie, int(status), length, message.channel)
+
+    def _move(self, client: _Client, message: SendDirect) -> tuple[xmem.XferStatus, int]:
+        status = xmem.XferStatus
+        channel = self.channels.get(message.channel)
+        side = message.side
+        if channel is None or side not in (0, 1) or channel.owners[side] is not client:
+            return status.NOT_OWNER, 0
+        peer = channel.owners[1 - side]
+        pool_entry = self.pools.get(channel.addresses[1 - side])
+        if channel.broken or peer is None or pool_entry is None or pool_entry[0] is not peer:
+            return status.PEER_GONE, 0
+        pool = pool_entry[1]
+        pid, address, length = client.cred.pid, message.address, message.length
+        # The sender's side: every page must be registered memory it still has (the TLB).
+        missed = self.cache.lookup(pid, address, length)
+        if missed:
+            shift = self.cache.shift
+            windows = client.windows
+            for page in missed:
+                low = page << shift
+                if not any(start <= low < end for start, end in windows):
+                    return status.NOT_REGISTERED, 0
+            try:
+                mapped = xmem.readable_ranges(pid)
+            except OSError:
+                return status.BAD_ADDRESS, 0
+            if not xmem.covered(mapped, missed[0] << shift, (missed[-1] + 1) << shift):
+                return status.BAD_ADDRESS, 0
+            self.cache.insert(pid, missed)
+        # The receiver's side: its next posted buffer, checked inside the pool.
+        taken, offset, _ = pool.take(length)
+        if taken is not status.OK:
+            if taken is status.TOO_LONG:
+                pool.complete(offset, 0, channel.id, message.cookie)  # returned unfilled
+            return taken, 0
+        if client.pidfd is not None and _readable(client.pidfd):
+            pool.complete(offset, 0, channel.id, message.cookie)
+            return status.BAD_ADDRESS, 0  # it died: never touch a pid that may be reused
+        try:
+            xmem.read_from(pid, address, pool.data_address + offset, length)
+        except xmem.XmemError:
+            self.cache.invalidate(pid, address, length)
+            pool.complete(offset, 0, channel.id, message.cookie)
+            return status.BAD_ADDRESS, 0
+        pool.complete(offset, length, channel.id, message.cookie)
+        self.counters["direct_bytes"] += length
+        return status.OK, length
+
     def _close_channel(self, client: _Client, channel_id: int, side: int) -> Reply:
         channel = self.channels.get(channel_id)
         if channel is None or side not in (0, 1) or channel.owners[side] is not client:
@@ -609,6 +1008,16 @@ class Daemon:
         for address in list(client.endpoints):
             self._drop_endpoint(client, address)
             self.counters["reclaimed_endpoints"] += 1
+        # Its registrations go, and with them every cached page check of its pid.
+        self.counters["reclaimed_registrations"] += len(client.windows)
+        client.windows.clear()
+        self.cache.invalidate(client.cred.pid)
+        if client.pidfd is not None:
+            os.close(client.pidfd)
+            client.pidfd = None
+        if client.queue is not None:
+            client.queue.close()
+            client.queue = None
         self.clients.discard(client)
         self._idle_changed.set()
 
@@ -620,6 +1029,9 @@ class Daemon:
             "endpoints": sorted(str(a) for a in self.endpoints),
             "channels": len(self.channels),
             "counters": dict(self.counters),
+            "registrations": sum(len(c.windows) for c in self.clients),
+            "pools": len(self.pools),
+            "cache": {"capacity": self.cache.capacity, **self.cache.stats.as_dict()},
         }
 
     # ---------------------------------------------------------------- sockets
@@ -634,6 +1046,15 @@ class Daemon:
             while sent < len(frame):  # the descriptor rode with the first byte
                 sent += await client.sock.send(frame[sent:])
 
+    async def _flush(self, client: _Client, frames: list[bytes]) -> None:
+        if frames:
+            data = b"".join(frames)
+            frames.clear()
+            async with client.lock:
+                view = memoryview(data)
+                while view:
+                    view = view[await client.sock.send(view) :]
+
     async def _serve_client(self, sock: trio.socket.SocketType) -> None:
         with sock:
             try:
@@ -641,10 +1062,13 @@ class Daemon:
             except OSError:
                 return
             client = _Client(sock, cred)
+            with contextlib.suppress(OSError):
+                client.pidfd = os.pidfd_open(cred.pid)
             self.clients.add(client)
             self._idle_changed.set()
             log.info("connected: pid %d uid %d gid %d", cred.pid, cred.uid, cred.gid)
             buffer = bytearray()
+            pending: list[bytes] = []
             try:
                 while True:
                     # Plain recv: descriptors a client tries to pass are discarded by the kernel.
@@ -656,6 +1080,7 @@ class Daemon:
                         length = int.from_bytes(buffer[:4], "big")
                         if length > MAX_BODY:
                             # No way to resynchronize a stream: answer and hang up.
+                            await self._flush(client, pending)
                             refusal = self._refuse(
                                 client, ErrorCode.MALFORMED, f"frame of {length} bytes"
                             )
@@ -670,11 +1095,20 @@ class Daemon:
                         fd: int | None = None
                         try:
                             seq, message = decode(body)
+                            if isinstance(message, Doorbell) and message.pid == cred.pid:
+                                self._doorbell.set()  # a doorbell is never answered
+                                continue
                         except DaemonFormatError as error:
                             reply = self._refuse(client, ErrorCode.MALFORMED, str(error))
                         else:
                             reply, fd = self.handle(client, message)
+                        if isinstance(reply, Done):
+                            # Pipelined transfers: their DONEs leave in one send per batch.
+                            pending.append(encode(seq, reply))
+                            continue
+                        await self._flush(client, pending)
                         await self._send(client, reply, seq, fd)
+                    await self._flush(client, pending)
             except OSError as error:
                 log.info("pid %d: connection error %s", cred.pid, error)
             finally:
@@ -692,6 +1126,7 @@ class Daemon:
                         nursery.start_soon(
                             self._idle_watch, self.idle_timeout, nursery.cancel_scope
                         )
+                    nursery.start_soon(self._mover)
                     task_status.started()
                     log.info("listening on %s", self.socket_path)
                     while True:
@@ -701,6 +1136,9 @@ class Daemon:
             _unlink_if_same(self.socket_path, identity)
             for channel in list(self.channels.values()):
                 self._retire(channel)
+            for _, pool in self.pools.values():
+                pool.close()
+            self.pools.clear()
 
     async def _idle_watch(self, timeout: float, scope: trio.CancelScope) -> None:
         while True:
@@ -779,7 +1217,12 @@ def default_socket_path() -> str:
 
 
 async def run_daemon(
-    socket_path: str, *, policy: DaemonPolicy | None = None, idle_timeout: float | None = None
+    socket_path: str,
+    *,
+    policy: DaemonPolicy | None = None,
+    idle_timeout: float | None = None,
+    cache_entries: int = 1024,
+    cache_policy: str = "lru",
 ) -> Daemon:
     """Run a daemon until SIGTERM/SIGINT (or idle timeout); one per socket (a pid-file lock)."""
     _make_directory(socket_path)
@@ -791,7 +1234,13 @@ async def run_daemon(
             raise DaemonError(f"a daemon already runs for {socket_path}") from None
         os.ftruncate(lock_fd, 0)
         os.write(lock_fd, f"{os.getpid()}\n".encode())
-        daemon = Daemon(socket_path, policy=policy, idle_timeout=idle_timeout)
+        daemon = Daemon(
+            socket_path,
+            policy=policy,
+            idle_timeout=idle_timeout,
+            cache_entries=cache_entries,
+            cache_policy=cache_policy,
+        )
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
 
@@ -828,6 +1277,9 @@ class DaemonClient:
         # The daemon answers in microseconds; a hung daemon must not hang set-up forever.
         self.sock.settimeout(timeout)
         self._seq = 0
+        #: Single-copy transfers submitted and not yet reaped.
+        self.in_flight = 0
+        self._rx = bytearray()
 
     def close(self) -> None:
         self.sock.close()
@@ -864,6 +1316,11 @@ class DaemonClient:
 
     def request(self, message: Message) -> tuple[Reply, int | None]:
         """Send one request, return the reply (raising DaemonError for an error reply)."""
+        if self.in_flight:
+            raise DaemonError(
+                f"{self.in_flight} single-copy transfers are in flight: reap() them before "
+                "another request"
+            )
         self._seq = (self._seq + 1) & 0xFFFFFFFF
         try:
             self.sock.sendall(encode(self._seq, message))
@@ -882,9 +1339,7 @@ class DaemonClient:
                 code = None
             cls = DaemonDenied if code in _DENIALS else DaemonError
             raise cls(f"daemon refused: {reply.text}", code)
-        if seq != self._seq or isinstance(
-            reply, CreateEndpoint | OpenChannel | CloseChannel | CloseEndpoint | Status
-        ):
+        if seq != self._seq or isinstance(reply, _REQUESTS):
             if fd is not None:
                 os.close(fd)
             raise DaemonError(f"unexpected reply {reply!r} (seq {seq}, wanted {self._seq})")
@@ -919,6 +1374,95 @@ class DaemonClient:
 
     def close_channel(self, channel: int, side: int) -> None:
         self.request(CloseChannel(os.getpid(), channel, side))
+
+    # ---------------------------------------------------------------- single-copy transfers
+    def register_memory(self, address: int, length: int) -> None:
+        """Let single-copy transfers read these bytes of this process (whole pages)."""
+        self.request(Register(os.getpid(), address, length))
+
+    def deregister_memory(self, address: int, length: int) -> None:
+        self.request(Deregister(os.getpid(), address, length))
+
+    def open_pool(self, local: ShmAddress, slots: int, data_bytes: int) -> xmem.ReceivePool:
+        """Create and map the receive pool of this process's endpoint ``local``."""
+        reply, fd = self.request(OpenPool(os.getpid(), local.node, local.port, slots, data_bytes))
+        if not isinstance(reply, PoolGranted) or fd is None:
+            if fd is not None:
+                os.close(fd)
+            raise DaemonError(f"unexpected reply {reply!r} to OPEN_POOL")
+        try:
+            layout = xmem.PoolLayout(reply.slots, reply.data_bytes)
+            if os.fstat(fd).st_size != layout.total:
+                raise DaemonError(f"pool of {local} has the wrong size")
+            region = mmap.mmap(fd, layout.total)
+        finally:
+            os.close(fd)
+        return xmem.ReceivePool(region, layout)
+
+    def open_queue(self, slots: int = 64) -> xmem.RequestQueue:
+        """Create this connection's request queue: transfers submitted through shared memory."""
+        reply, fd = self.request(OpenQueue(os.getpid(), slots))
+        if not isinstance(reply, QueueGranted) or fd is None:
+            if fd is not None:
+                os.close(fd)
+            raise DaemonError(f"unexpected reply {reply!r} to OPEN_QUEUE")
+        try:
+            layout = xmem.QueueLayout(reply.slots)
+            if os.fstat(fd).st_size != layout.total:
+                raise DaemonError("the request queue has the wrong size")
+            region = mmap.mmap(fd, layout.total)
+        finally:
+            os.close(fd)
+        doorbell = encode(0, Doorbell(os.getpid()))
+        return xmem.RequestQueue(region, layout, lambda: self.sock.sendall(doorbell))
+
+    def submit_direct(
+        self, channel: int, side: int, address: int, length: int, cookie: int
+    ) -> None:
+        """Queue a single-copy transfer without waiting; :meth:`reap` collects its DONE.
+
+        Requests are answered in order, so several may be in flight (a pipeline).
+        """
+        self._seq = (self._seq + 1) & 0xFFFFFFFF
+        frame = encode(self._seq, SendDirect(os.getpid(), channel, side, address, length, cookie))
+        try:
+            self.sock.sendall(frame)
+        except OSError as error:
+            raise DaemonError(f"daemon at {self.socket_path}: {error}") from None
+        self.in_flight += 1
+
+    def reap(self) -> Done:
+        """The next DONE of a submitted transfer (raising DaemonError for an error reply)."""
+        if not self.in_flight:
+            raise DaemonError("reap() with no single-copy transfer in flight")
+        # DONEs carry no descriptors and arrive in batches: read them through a buffer.
+        rx = self._rx
+        try:
+            while len(rx) < 4 or len(rx) < 4 + int.from_bytes(rx[:4], "big"):
+                if len(rx) >= 4 and int.from_bytes(rx[:4], "big") > MAX_BODY:
+                    raise DaemonError(f"the daemon sent a frame of {len(rx) - 4}+ bytes")
+                data = self.sock.recv(65536)
+                if not data:
+                    raise DaemonError(f"the daemon at {self.socket_path} closed the connection")
+                rx += data
+        except OSError as error:
+            raise DaemonError(f"daemon at {self.socket_path}: {error}") from None
+        end = 4 + int.from_bytes(rx[:4], "big")
+        _, reply = decode(bytes(rx[4:end]))
+        del rx[:end]
+        self.in_flight -= 1
+        if isinstance(reply, ErrorReply):
+            code = ErrorCode(reply.code) if reply.code in set(ErrorCode) else None
+            cls = DaemonDenied if code in _DENIALS else DaemonError
+            raise cls(f"daemon refused: {reply.text}", code)
+        if not isinstance(reply, Done):
+            raise DaemonError(f"unexpected reply {reply!r} to SEND_DIRECT")
+        return reply
+
+    def send_direct(self, channel: int, side: int, address: int, length: int) -> Done:
+        """One single-copy transfer, waited for."""
+        self.submit_direct(channel, side, address, length, 0)
+        return self.reap()
 
     def status(self) -> dict[str, Any]:
         reply, _ = self.request(Status(os.getpid()))
@@ -973,6 +1517,17 @@ class DaemonBroker:
         path = channel_path(grant.channel, grant.side)
         self.channels[path] = (grant.channel, grant.side)
         return region, grant.side, path
+
+    def direct_channel(self, endpoint: ShmEndpoint, channel: int) -> tuple[int, int]:
+        """(daemon channel id, side) of one of ``endpoint``'s channels: what single-copy
+        transfers on :attr:`client` name (docs/single-copy.md)."""
+        ni = getattr(endpoint, "ni", None)
+        if not isinstance(ni, ShmNI):
+            raise DaemonError(f"{endpoint!r} is not an endpoint of the shm transport")
+        entry = self.channels.get(ni.link(endpoint, channel).path)
+        if entry is None:
+            raise DaemonError(f"{endpoint!r} channel {channel} was not opened through this broker")
+        return entry
 
     def close_region(self, path: str) -> None:
         """Tell the daemon this side closed the channel (needs the shm hook; else the daemon
@@ -1105,6 +1660,16 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument(
         "--idle-timeout", type=float, metavar="SECONDS", help="exit after this long with no clients"
     )
+    parser.add_argument(
+        "--cache-entries",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="pages in the registration cache of single-copy transfers (default 1024)",
+    )
+    parser.add_argument(
+        "--cache-policy", choices=("lru", "fifo"), default="lru", help="its eviction policy"
+    )
     parser.add_argument("--status", action="store_true", help="print a running daemon's status")
     parser.add_argument("-v", "--verbose", action="store_true", help="log every connection")
     return parser
@@ -1128,8 +1693,18 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     timeout = args.idle_timeout
     if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
         raise DaemonError("--idle-timeout must be a positive number of seconds")
+    if args.cache_entries < 1:
+        raise DaemonError("--cache-entries must be at least 1")
     try:
-        trio.run(lambda: run_daemon(path, policy=policy, idle_timeout=timeout))
+        trio.run(
+            lambda: run_daemon(
+                path,
+                policy=policy,
+                idle_timeout=timeout,
+                cache_entries=args.cache_entries,
+                cache_policy=args.cache_policy,
+            )
+        )
     except OSError as error:  # e.g. no permission for the socket's directory
         raise DaemonError(f"cannot serve on {path}: {error}") from None
     return 0

@@ -36,10 +36,19 @@ from stacklib.daemon import (
     DaemonDenied,
     DaemonError,
     DaemonFormatError,
+    Deregister,
+    Done,
+    Doorbell,
     ErrorCode,
     ErrorReply,
     Ok,
     OpenChannel,
+    OpenPool,
+    OpenQueue,
+    PoolGranted,
+    QueueGranted,
+    Register,
+    SendDirect,
     Status,
     StatusReply,
     _Client,
@@ -65,6 +74,7 @@ SIZES = [0, 1, 40, 64, 65, 4096, 20000, 65535]
 _names = st.text(min_size=0, max_size=70)
 _u16 = st.integers(0, 0xFFFF)
 _u32 = st.integers(0, 0xFFFFFFFF)
+_u64 = st.integers(0, (1 << 64) - 1)
 _messages = st.one_of(
     st.builds(CreateEndpoint, _u32, _names, _u16),
     st.builds(OpenChannel, _u32, _names, _u16, _names, _u16, _u32, _u32),
@@ -75,6 +85,15 @@ _messages = st.one_of(
     st.builds(ChannelGranted, _u32, st.integers(0, 255), _u32, _u32),
     st.builds(ErrorReply, _u16, st.text(max_size=200)),
     st.builds(StatusReply, st.text(max_size=200)),
+    st.builds(Register, _u32, _u64, _u64),
+    st.builds(Deregister, _u32, _u64, _u64),
+    st.builds(OpenPool, _u32, _names, _u16, _u32, _u64),
+    st.builds(SendDirect, _u32, _u32, st.integers(0, 255), _u64, _u32, _u32),
+    st.builds(PoolGranted, _u32, _u64),
+    st.builds(Done, _u32, st.integers(0, 255), _u32, _u32),
+    st.builds(OpenQueue, _u32, _u32),
+    st.builds(Doorbell, _u32),
+    st.builds(QueueGranted, _u32),
 )
 
 
