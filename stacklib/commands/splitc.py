@@ -1,10 +1,134 @@
-"""``stacklib`` subcommands for the splitc part (none yet)."""
+"""``stacklib`` subcommands for Split-C over UAM (paper 000 §6, paper 003 §5).
+
+    stacklib splitc list                                the benchmarks, machines and transports
+    stacklib splitc run BENCHMARK -n N --transport T    run one benchmark, verified and timed
+
+``--transport`` is ``memory`` (one process, real time), a simulated cluster (``sim-atm``,
+``sim-fe``, virtual time) or machine (``unet-atm``, ``atm-003``, ``fe-003``, ``cm5``,
+``meiko``: computation charged from the machine's costs), or ``shm``/``udp``: N real
+processes started like ``stacklib spawn``.  docs/splitc.md describes the programs.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
 from typing import Any
+
+REAL = ("shm", "udp")
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in text.split(",") if part)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected sizes like 8,128, not {text!r}") from None
+    if not sizes or any(size <= 0 for size in sizes):
+        raise argparse.ArgumentTypeError(f"sizes must be positive, not {text!r}")
+    return sizes
+
+
+def _print(benchmark: str, transport: str, n: int, rows: list[tuple[bool, float, float]]) -> int:
+    ok = all(row[0] for row in rows)
+    total = max(row[1] for row in rows)
+    compute = sum(row[2] for row in rows) / len(rows)
+    clock = "wall" if transport in ("memory", *REAL) else "virtual"
+    print(
+        f"{benchmark} on {n} ranks over {transport}: {'verified' if ok else 'WRONG RESULT'}; "
+        f"{total:.6f} s ({clock}), computation {compute:.6f} s, "
+        f"communication {max(0.0, total - compute):.6f} s (mean over ranks)"
+    )
+    return 0 if ok else 1
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from stacklib.bench.splitc.cluster import run_spmd
+    from stacklib.bench.splitc.programs import make_program
+    from stacklib.transports.sim.machines import MACHINES
+
+    if args.transport in REAL:
+        return _run_real(args)
+    machine = MACHINES.get(args.transport)
+    program = make_program(
+        args.benchmark, args.size, machine=machine, small=args.small, seed=args.seed
+    )
+    started = time.perf_counter()
+    run = run_spmd(program, args.n, args.transport, seed=args.seed)
+    rows = [(r.ok, r.total, r.compute) for r in run.results]
+    status = _print(args.benchmark, args.transport, args.n, rows)
+    print(f"(simulated in {time.perf_counter() - started:.2f} s of wall time)")
+    return status
+
+
+def _run_real(args: argparse.Namespace) -> int:
+    from stacklib.launch import spawn
+
+    rank_args = [args.benchmark, f"--seed={args.seed}"]
+    if args.small:
+        rank_args.append("--small")
+    if args.size:
+        rank_args.append("--size=" + ",".join(str(s) for s in args.size))
+    with tempfile.TemporaryFile("w+") as out:
+        # Rank 0 prints its JSON line; spawn passes the ranks our stdout, so capture it by
+        # running spawn in a child whose stdout is the file.
+        command = [
+            sys.executable,
+            "-c",
+            "import sys; from stacklib.launch import spawn; "
+            f"sys.exit(spawn({args.n}, 'stacklib.bench.splitc.rank', {rank_args!r}, "
+            f"transport={args.transport!r}))",
+        ]
+        status = subprocess.run(command, stdout=out, check=False).returncode
+        out.seek(0)
+        lines = [line for line in out.read().splitlines() if line.startswith("[")]
+    del spawn  # imported to fail early if the launcher is unavailable
+    if not lines:
+        print(f"stacklib splitc: the ranks exited with status {status}", file=sys.stderr)
+        return status or 1
+    rows = [(bool(r[0]), float(r[1]), float(r[2])) for r in json.loads(lines[-1])]
+    return _print(args.benchmark, args.transport, args.n, rows) or status
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from stacklib.bench.splitc.cluster import TRANSPORTS
+    from stacklib.bench.splitc.programs import PAPER_SIZES, PROGRAMS
+    from stacklib.transports.sim.machines import MACHINES
+
+    print("benchmarks (paper sizes):")
+    for name, (program, sizes) in PAPER_SIZES.items():
+        print(f"  {name:8s} {PROGRAMS[program][1]}, sizes {','.join(map(str, sizes))}")
+    print("machines:")
+    for machine in MACHINES.values():
+        print(f"  {machine.name:8s} {machine.description} ({machine.cite})")
+    print("transports:", ", ".join((*TRANSPORTS, *REAL)))
+    return 0
 
 
 def add_commands(commands: argparse._SubParsersAction[Any]) -> None:
     """Add this part's subcommands to ``commands``."""
+    p = commands.add_parser(
+        "splitc",
+        help="Split-C over UAM: run the benchmark programs of paper 000 §6 / paper 003 §5",
+        description="Run the Split-C benchmark programs on simulated machines (virtual time) "
+        "or as real processes. See docs/splitc.md.",
+    )
+    sub = p.add_subparsers(dest="splitc_command", required=True)
+    run = sub.add_parser("run", help="run one benchmark, verified and timed")
+    run.add_argument("benchmark", help="mm4x4, mm128, mm16, ssortsm, ssortlg, rsortsm, ...")
+    run.add_argument("-n", type=int, default=2, help="number of ranks (default 2)")
+    run.add_argument(
+        "--transport",
+        default="memory",
+        help="memory, sim-atm, sim-fe, a machine (unet-atm, atm-003, fe-003, cm5, meiko), "
+        "shm or udp",
+    )
+    run.add_argument("--small", action="store_true", help="test sizes instead of the paper's")
+    run.add_argument("--size", type=_sizes, metavar="N,N", help="the program's size arguments")
+    run.add_argument("--seed", type=int, default=1)
+    run.set_defaults(func=cmd_run)
+    listing = sub.add_parser("list", help="the benchmarks, machines and transports")
+    listing.set_defaults(func=cmd_list)

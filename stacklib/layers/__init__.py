@@ -6,6 +6,6 @@ Importing this package registers the layers that ship with stacklib (see stackli
 from __future__ import annotations
 
 # Imported for their registration with stacklib.stack.
-from stacklib.layers import arq, ip, tcp, uam, udp
+from stacklib.layers import arq, ip, splitc, tcp, uam, udp
 
-__all__ = ["arq", "ip", "tcp", "uam", "udp"]
+__all__ = ["arq", "ip", "splitc", "tcp", "uam", "udp"]

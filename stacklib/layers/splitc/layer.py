@@ -1,0 +1,92 @@
+"""``SplitcLayer``: Split-C as a stack layer over UAM (``[[layers]] kind = "splitc"``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+
+from stacklib.errors import AssemblyError
+from stacklib.layers.splitc.runtime import SplitC, open_splitc
+from stacklib.layers.uam import UamService
+from stacklib.services import ReliableService, Service
+from stacklib.sim import Resource
+from stacklib.stack import Layer, register_layer
+
+__all__ = ["SplitcLayer", "SplitcParams", "default_channels"]
+
+
+def _optional_rank(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"{attribute.name} must be a rank >= 0 or absent, got {value!r}")
+
+
+def _positive(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{attribute.name} must be a positive number, got {value!r}")
+
+
+@attrs.frozen
+class SplitcParams:
+    """Parameters of the Split-C layer."""
+
+    #: This process's rank; absent: ``STACKLIB_RANK`` (stacklib spawn sets it).
+    rank: int | None = attrs.field(default=None, validator=_optional_rank)
+    #: Bytes each rank may contribute to one collective (broadcast, reduction, gather).
+    slot_bytes: int = attrs.field(default=64 * 1024, validator=_positive)
+    #: How long a rank stays after the closing barrier so UAM's last acknowledgments go out.
+    linger_us: float = attrs.field(default=10_000.0, validator=_positive)
+
+
+def default_channels(am: UamService, rank: int) -> dict[int, int]:
+    """Rank -> peer when the peers below, in ascending order, are the other ranks in ascending
+    order (as :func:`stacklib.launch.bootstrap` creates the channels)."""
+    others = [r for r in range(len(am.peers) + 1) if r != rank]
+    return dict(zip(others, sorted(am.peers), strict=True))
+
+
+@register_layer
+class SplitcLayer(Layer):
+    """Split-C's global address space over U-Net Active Messages (docs/splitc.md)."""
+
+    name = "splitc"
+    requires = ReliableService
+    provides = SplitC
+    Params = SplitcParams
+
+    params: SplitcParams
+
+    def __init__(
+        self,
+        params: SplitcParams | None = None,
+        *,
+        channels: Mapping[int, int] | None = None,
+        cpu: Resource | None = None,
+    ) -> None:
+        super().__init__(params)
+        self.channels = channels
+        self.cpu = cpu
+
+    @asynccontextmanager
+    async def open(self, below: Service) -> AsyncIterator[SplitC]:
+        """Run Split-C over ``below`` (a UAM service) and yield this rank's :class:`SplitC`."""
+        self.require_below(below)
+        if not isinstance(below, UamService):
+            raise AssemblyError(
+                f"layer 'splitc' runs over UAM's Active Messages, got {type(below).__name__}"
+            )
+        p = self.params
+        rank = p.rank if p.rank is not None else int(os.environ.get("STACKLIB_RANK", "0"))
+        channels = self.channels if self.channels is not None else default_channels(below, rank)
+        async with open_splitc(
+            below,
+            rank,
+            channels,
+            cpu=self.cpu,
+            slot_bytes=p.slot_bytes,
+            linger=p.linger_us * 1e-6,
+        ) as sc:
+            yield sc

@@ -1,0 +1,843 @@
+"""The Split-C runtime: a global address space over U-Net Active Messages (paper 000 §6).
+
+"A Split-C program comprises one thread of control per processor from a single code image and
+the threads interact through reads and writes on shared data" (paper 000 §6).  Each rank of an
+SPMD program holds a :class:`SplitC` over its :class:`~stacklib.layers.uam.UamService`:
+
+* regions are named numpy arrays every rank registers collectively, in the same order (the
+  SPMD model GAM assumes); their sizes are exchanged, so every rank knows every rank's bounds;
+* a :class:`GlobalPtr` is (rank, region, element offset), typed by the region's dtype;
+  ``gp + n`` moves it within its rank; a :class:`SpreadArray` spreads one index space over all
+  ranks (cyclic, as Split-C's ``a[i]::``, or blocked);
+* a scalar read or write is one request and one reply (:mod:`~stacklib.layers.splitc.wire`);
+  ``get``/``put`` start one and complete at :meth:`SplitC.sync`; ``store`` sends one request
+  and no reply, and the target counts the bytes for :meth:`SplitC.store_sync`;
+* bulk variants of any size "map into Active Message bulk gets and stores" (paper 000 §6);
+* barrier, broadcast, reduction and all-gather are block stores through rank 0.
+
+Local accesses (the pointer's rank is this rank) go straight to the array and never touch the
+network.  The target checks every scalar access and answers an access outside its region with
+a status that the caller gets as :class:`SplitcAccessError`; bulk accesses and stores are
+checked by the caller against the exchanged sizes (and UAM refuses them at the target too).
+
+Handlers run wherever UAM runs them: in its background poller (``background_poll=True``), or
+inside :meth:`SplitC.poll` and the waits.  The waits poll, so both faces work: the trio face
+(``await sc.read(gp)``, ``await sc.sync()``, ``async with sc.split_phase():``) and the polling
+face (``get_nowait``, ``put_nowait``, ``store_nowait``, :meth:`SplitC.poll`,
+:attr:`SplitC.done`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+import trio
+
+from stacklib.errors import LocalProtocolError, PeerUnreachable, RemoteProtocolError
+from stacklib.layers.splitc.wire import (
+    SCALAR_SIZES,
+    Kind,
+    Reply,
+    Request,
+    SplitcFormatError,
+    Status,
+    build_reply,
+    build_request,
+    parse_reply,
+    parse_request,
+)
+from stacklib.layers.uam import UamService
+from stacklib.services import Service
+from stacklib.sim import Resource
+
+__all__ = [
+    "GlobalPtr",
+    "Pending",
+    "SplitC",
+    "SplitcAccessError",
+    "SpreadArray",
+    "open_splitc",
+]
+
+_OPS = 1 << 16  #: op ids are 16 bits (wire.py)
+#: How often :meth:`SplitC.compute` lets the protocol's work in (an estimate: the papers do not
+#: say how often the benchmarks poll; 1 ms is well inside UAM's 4 ms timeout).
+COMPUTE_SLICE = 1e-3
+_H_REQUEST = "splitc.request"
+_H_REPLY = "splitc.reply"
+_H_STORED = "splitc.stored"
+_H_PUT = "splitc.put"
+_H_GOT = "splitc.got"
+_H_COLL = "splitc.coll"
+_COLL_REGION = "splitc.collective"
+_REDUCERS: dict[str, Callable[..., Any]] = {
+    "sum": np.add,
+    "max": np.maximum,
+    "min": np.minimum,
+    "prod": np.multiply,
+}
+
+
+class SplitcAccessError(RemoteProtocolError):
+    """A remote access outside the target's region (or to a region it does not have); the
+    target was left untouched."""
+
+
+@attrs.frozen
+class GlobalPtr:
+    """A typed global pointer: element ``offset`` of region ``region`` on rank ``rank``.
+
+    Arithmetic moves it within its rank (``gp + 3`` is three elements further), as on a
+    Split-C global pointer; spread arrays give the other layout.
+    """
+
+    rank: int
+    region: str
+    offset: int = 0
+
+    def __add__(self, n: int) -> GlobalPtr:
+        return GlobalPtr(self.rank, self.region, self.offset + n)
+
+    def __sub__(self, n: int) -> GlobalPtr:
+        return GlobalPtr(self.rank, self.region, self.offset - n)
+
+
+@attrs.frozen
+class SpreadArray:
+    """One index space spread over every rank's region ``region``: element ``i`` lives on rank
+    ``i % size`` at ``i // size`` (``"cyclic"``, Split-C's spread layout) or on rank
+    ``i // per_rank`` at ``i % per_rank`` (``"block"``)."""
+
+    region: str
+    size: int
+    per_rank: int
+    layout: Literal["cyclic", "block"] = "cyclic"
+
+    def __len__(self) -> int:
+        return self.size * self.per_rank
+
+    def __getitem__(self, i: int) -> GlobalPtr:
+        if not 0 <= i < len(self):
+            raise IndexError(f"Split-C: index {i} outside spread array of {len(self)}")
+        if self.layout == "cyclic":
+            return GlobalPtr(i % self.size, self.region, i // self.size)
+        return GlobalPtr(i // self.per_rank, self.region, i % self.per_rank)
+
+
+class Pending:
+    """A split-phase operation: complete after :meth:`SplitC.sync` (or once :attr:`done`)."""
+
+    __slots__ = ("_dtype", "_raw", "done", "error", "what")
+
+    def __init__(self, what: str, dtype: np.dtype[Any] | None = None) -> None:
+        self.what = what
+        self.done = False
+        self.error: SplitcAccessError | None = None
+        self._dtype = dtype
+        self._raw = b""
+
+    def __repr__(self) -> str:
+        state = "done" if self.done else "pending"
+        return f"<Pending {self.what} {state}>"
+
+    @property
+    def value(self) -> Any:
+        """The value a get fetched; :class:`LocalProtocolError` before it completed."""
+        if not self.done:
+            raise LocalProtocolError(
+                f"Split-C: {self.what} is not complete: call sync() before using its value"
+            )
+        if self.error is not None:
+            raise self.error
+        if self._dtype is None:
+            return None
+        return np.frombuffer(self._raw, self._dtype, count=1)[0].item()
+
+    def _complete(self, raw: bytes = b"", error: SplitcAccessError | None = None) -> None:
+        self._raw = raw
+        self.error = error
+        self.done = True
+
+
+@attrs.define
+class _Region:
+    index: int
+    name: str
+    array: npt.NDArray[Any]  # flat view of the user's array
+    uam_id: int
+    sizes: tuple[int, ...]  # elements on each rank
+
+    @property
+    def itemsize(self) -> int:
+        return int(self.array.itemsize)
+
+
+class SplitC(Service):
+    """One rank of a Split-C program; see the module docstring and docs/splitc.md.
+
+    Made by :func:`open_splitc` (or ``SplitcLayer``), which registers the handlers before
+    anything can arrive and ends with a barrier, so every rank is ready when it returns.
+    """
+
+    kind = "splitc"
+
+    def __init__(
+        self,
+        am: UamService,
+        rank: int,
+        channels: Mapping[int, int],
+        *,
+        cpu: Resource | None = None,
+        slot_bytes: int = 64 * 1024,
+    ) -> None:
+        size = len(channels) + 1
+        if not 0 <= rank < size or rank in channels or set(channels) != set(range(size)) - {rank}:
+            raise LocalProtocolError(
+                f"Split-C: rank {rank} with channels to ranks {sorted(channels)}: every other "
+                f"rank of 0..{size - 1} needs one channel"
+            )
+        self.am = am
+        self.rank = rank
+        self.size = size
+        self._peer = dict(channels)
+        self._rank_of = {peer: r for r, peer in channels.items()}
+        self._cpu = cpu
+        self._slot = slot_bytes
+        self._regions: dict[str, _Region] = {}
+        self._by_index: list[_Region] = []
+        self._ops: dict[int, Pending] = {}
+        self._next_op = 0
+        self._put_peers: dict[int, list[Pending]] = {}
+        self._errors: list[SplitcAccessError] = []
+        self._stored = 0
+        self._coll_in: dict[int, deque[bytes]] = {r: deque() for r in range(size)}
+        self.counters: dict[str, int] = dict.fromkeys(
+            (
+                "reads",
+                "writes",
+                "gets",
+                "puts",
+                "stores",
+                "bulk_gets",
+                "bulk_puts",
+                "bulk_stores",
+                "bulk_bytes",
+                "local",
+                "refused",
+                "malformed",
+                "collectives",
+            ),
+            0,
+        )
+        #: Virtual (or wall) seconds spent in :meth:`compute`.
+        self.compute_time = 0.0
+        am.register_handler(self._on_request, name=_H_REQUEST)
+        am.register_handler(self._on_reply, name=_H_REPLY)
+        am.register_handler(self._on_stored, name=_H_STORED)
+        am.register_handler(self._on_put, name=_H_PUT)
+        am.register_handler(self._on_got, name=_H_GOT)
+        am.register_handler(self._on_coll, name=_H_COLL)
+        self._coll = np.zeros(size * slot_bytes, np.uint8)
+        self._coll_id = am.register_region(self._coll.data, name=_COLL_REGION)
+
+    def __repr__(self) -> str:
+        return f"<SplitC rank {self.rank} of {self.size}, regions {sorted(self._regions)}>"
+
+    # ------------------------------------------------------------------ regions and pointers
+
+    async def all_register(self, name: str, array: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        """Make ``array`` (C-contiguous, writable) this rank's part of region ``name``.
+
+        Collective: every rank registers its regions in the same order; the sizes are
+        exchanged so that accesses can be checked against the target's bounds.
+        """
+        if name in self._regions:
+            raise LocalProtocolError(f"Split-C: region {name!r} is already registered")
+        if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
+            raise LocalProtocolError(f"Split-C: region {name!r} must be a C-contiguous ndarray")
+        if not array.flags.writeable:
+            raise LocalProtocolError(f"Split-C: region {name!r} must be writable")
+        if len(self._by_index) >= 256:
+            raise LocalProtocolError("Split-C: at most 256 regions")
+        flat = array.reshape(-1)
+        # Register with UAM before the exchange: once any rank has every size, every rank
+        # has registered, so no store can reach a region that is not there yet.
+        # The same for the region table that scalar requests use.
+        uam_id = self.am.register_region(flat.view(np.uint8).data, name=f"splitc:{name}")
+        region = _Region(len(self._by_index), name, flat, uam_id, ())
+        self._by_index.append(region)
+        sizes = await self.all_gather(len(flat))
+        region.sizes = tuple(int(s) for s in sizes)
+        self._regions[name] = region
+        return array
+
+    async def all_alloc(self, name: str, shape: int | Sequence[int], dtype: Any) -> Any:
+        """Allocate a zeroed array of ``shape`` and register it as region ``name``
+        (collective)."""
+        return await self.all_register(name, np.zeros(shape, dtype))
+
+    async def all_spread(
+        self,
+        name: str,
+        per_rank: int,
+        dtype: Any,
+        layout: Literal["cyclic", "block"] = "cyclic",
+    ) -> SpreadArray:
+        """Allocate ``per_rank`` elements on every rank as region ``name`` and return the
+        spread array over them (collective)."""
+        await self.all_alloc(name, per_rank, dtype)
+        return SpreadArray(name, self.size, per_rank, layout)
+
+    def local(self, name: str) -> npt.NDArray[Any]:
+        """This rank's part of region ``name``, flat."""
+        return self._region(name).array
+
+    def ptr(self, rank: int, name: str, offset: int = 0) -> GlobalPtr:
+        """A global pointer to element ``offset`` of ``name`` on ``rank``."""
+        self._region(name)
+        if not 0 <= rank < self.size:
+            raise LocalProtocolError(f"Split-C: rank {rank} outside 0..{self.size - 1}")
+        return GlobalPtr(rank, name, offset)
+
+    def _region(self, name: str) -> _Region:
+        try:
+            return self._regions[name]
+        except KeyError:
+            raise LocalProtocolError(
+                f"Split-C: no region {name!r} (registered: {sorted(self._regions)})"
+            ) from None
+
+    def _check(self, gp: GlobalPtr, count: int) -> _Region:
+        """Check a bulk access or store against the target's size (known from registration)."""
+        region = self._region(gp.region)
+        if not 0 <= gp.rank < self.size:
+            raise LocalProtocolError(f"Split-C: rank {gp.rank} outside 0..{self.size - 1}")
+        if count < 0 or gp.offset < 0 or gp.offset + count > region.sizes[gp.rank]:
+            self.counters["refused"] += 1
+            raise SplitcAccessError(
+                f"Split-C: {count} elements at {gp.offset} of {gp.region!r} on rank {gp.rank}: "
+                f"outside its {region.sizes[gp.rank]} elements"
+            )
+        return region
+
+    # ------------------------------------------------------------------ scalar accesses
+
+    async def read(self, gp: GlobalPtr) -> Any:
+        """The value at ``gp`` (blocking: one request and reply when remote)."""
+        pending = await self.get(gp)
+        await self.am.wait_until(lambda: pending.done)
+        return pending.value
+
+    async def write(self, gp: GlobalPtr, value: Any) -> None:
+        """Write ``value`` at ``gp`` and wait for the target's acknowledgment."""
+        pending = await self.put(gp, value)
+        await self.am.wait_until(lambda: pending.done)
+        if pending.error is not None:
+            raise pending.error
+
+    async def get(self, gp: GlobalPtr) -> Pending:
+        """Start fetching the value at ``gp``; it is complete after :meth:`sync`."""
+        request, pending = self._scalar(gp, Kind.READ, None)
+        if request is None:
+            return pending
+        await self.am.request(self._peer[gp.rank], _H_REQUEST, *request)
+        return pending
+
+    async def put(self, gp: GlobalPtr, value: Any) -> Pending:
+        """Start writing ``value`` at ``gp``; complete (acknowledged) after :meth:`sync`."""
+        request, pending = self._scalar(gp, Kind.WRITE, value)
+        if request is None:
+            return pending
+        await self.am.request(self._peer[gp.rank], _H_REQUEST, *request)
+        return pending
+
+    async def store(self, gp: GlobalPtr, value: Any) -> None:
+        """One-way store of ``value`` at ``gp`` (one scalar, or several filling at most 8
+        bytes); the target counts its bytes for :meth:`store_sync`."""
+        words = self._store(gp, value)
+        if words is not None:
+            await self.am.request(self._peer[gp.rank], _H_REQUEST, *words)
+
+    def get_nowait(self, gp: GlobalPtr) -> Pending:
+        """:meth:`get` that raises :class:`trio.WouldBlock` when UAM's window is full."""
+        return self._nowait(gp, Kind.READ, None)
+
+    def put_nowait(self, gp: GlobalPtr, value: Any) -> Pending:
+        """:meth:`put` that raises :class:`trio.WouldBlock` when UAM's window is full."""
+        return self._nowait(gp, Kind.WRITE, value)
+
+    def store_nowait(self, gp: GlobalPtr, value: Any) -> None:
+        """:meth:`store` that raises :class:`trio.WouldBlock` when UAM's window is full."""
+        words = self._store(gp, value)
+        if words is not None:
+            try:
+                self.am.request_nowait(self._peer[gp.rank], _H_REQUEST, *words)
+            except trio.WouldBlock:
+                self.counters["stores"] -= 1
+                raise
+
+    def _nowait(self, gp: GlobalPtr, kind: Kind, value: Any) -> Pending:
+        request, pending = self._scalar(gp, kind, value)
+        if request is not None:
+            try:
+                self.am.request_nowait(self._peer[gp.rank], _H_REQUEST, *request)
+            except trio.WouldBlock:
+                # Not sent: forget the operation (request_nowait polled, as a sender with a
+                # full window does, paper 000 §5.1.2).
+                del self._ops[request_op(request)]
+                self.counters["gets" if kind == Kind.READ else "puts"] -= 1
+                raise
+        return pending
+
+    def _scalar(
+        self, gp: GlobalPtr, kind: Kind, value: Any
+    ) -> tuple[tuple[int, int, int, int] | None, Pending]:
+        region = self._region(gp.region)
+        size = region.itemsize
+        if size not in SCALAR_SIZES:
+            raise LocalProtocolError(
+                f"Split-C: scalar access to {gp.region!r}: elements of {size} bytes (1, 2, 4, 8)"
+            )
+        name = "get" if kind == Kind.READ else "put"
+        self.counters[name + "s"] += 1
+        pending = Pending(f"{name} {gp}", region.array.dtype if kind == Kind.READ else None)
+        raw = b"" if kind == Kind.READ else _encode(region, value)
+        if gp.rank == self.rank:
+            self.counters["local"] += 1
+            if not 0 <= gp.offset < len(region.array):
+                self.counters["refused"] += 1
+                error = SplitcAccessError(f"Split-C: {name} {gp}: outside this rank's region")
+                self._errors.append(error)
+                pending._complete(error=error)
+            elif kind == Kind.READ:
+                pending._complete(region.array[gp.offset : gp.offset + 1].tobytes())
+            else:
+                region.array.view(np.uint8)[gp.offset * size : (gp.offset + 1) * size] = (
+                    np.frombuffer(raw, np.uint8)
+                )
+                pending._complete()
+            return None, pending
+        if gp.offset < 0:
+            self.counters["refused"] += 1
+            raise SplitcAccessError(f"Split-C: {name} {gp}: negative offset")
+        op = self._new_op(pending)
+        request = Request(kind, size, region.index, op, gp.offset * size, raw)
+        return build_request(request), pending
+
+    def _store(self, gp: GlobalPtr, value: Any) -> tuple[int, int, int, int] | None:
+        region = self._region(gp.region)
+        # One message carries up to 8 bytes: one scalar, or several small ones side by side
+        # (the small-message sorts send two 32-bit keys per message, paper 003 §5.1).
+        raw = np.asarray(value, dtype=region.array.dtype).reshape(-1).tobytes()
+        size = len(raw)
+        if size not in SCALAR_SIZES:
+            raise LocalProtocolError(
+                f"Split-C: a store carries 1, 2, 4 or 8 bytes, not {size}: use bulk_store"
+            )
+        self._check(gp, size // region.itemsize)
+        self.counters["stores"] += 1
+        if gp.rank == self.rank:
+            self.counters["local"] += 1
+            start = gp.offset * region.itemsize
+            region.array.view(np.uint8)[start : start + size] = np.frombuffer(raw, np.uint8)
+            self._stored += size
+            return None
+        offset = gp.offset * region.itemsize
+        return build_request(Request(Kind.STORE, size, region.index, 0, offset, raw))
+
+    def _new_op(self, pending: Pending) -> int:
+        if len(self._ops) >= _OPS:
+            raise LocalProtocolError("Split-C: 65536 operations outstanding; call sync()")
+        op = self._next_op
+        while op in self._ops:
+            op = (op + 1) % _OPS
+        self._next_op = (op + 1) % _OPS
+        self._ops[op] = pending
+        return op
+
+    # ------------------------------------------------------------------ bulk accesses
+
+    async def bulk_get(self, dst: GlobalPtr, src: GlobalPtr, count: int) -> Pending:
+        """Start fetching ``count`` elements at ``src`` into ``dst`` (on this rank); complete
+        after :meth:`sync`.  One UAM block get of any size."""
+        if dst.rank != self.rank:
+            raise LocalProtocolError(f"Split-C: bulk_get destination {dst} is not on this rank")
+        local = self._check(dst, count)
+        region = self._check(src, count)
+        if local.itemsize != region.itemsize:
+            raise LocalProtocolError("Split-C: bulk_get between regions of different dtypes")
+        self.counters["bulk_gets"] += 1
+        pending = Pending(f"bulk_get {src}")
+        size = region.itemsize
+        if src.rank == self.rank or count == 0:
+            self.counters["local"] += src.rank == self.rank
+            data = region.array[src.offset : src.offset + count].copy()
+            local.array[dst.offset : dst.offset + count] = data
+            pending._complete()
+            return pending
+        self.counters["bulk_bytes"] += count * size
+        op = self._new_op(pending)
+        await self.am.get(
+            self._peer[src.rank],
+            (region.uam_id, src.offset * size),
+            count * size,
+            (local.uam_id, dst.offset * size),
+            _H_GOT,
+            op,
+        )
+        return pending
+
+    async def bulk_put(self, dst: GlobalPtr, data: npt.ArrayLike) -> Pending:
+        """Start writing ``data`` at ``dst``; complete (acknowledged) after :meth:`sync`.
+        One UAM block store of any size."""
+        region, raw = self._bulk(dst, data)
+        self.counters["bulk_puts"] += 1
+        pending = Pending(f"bulk_put {dst}")
+        if raw is None:
+            pending._complete()
+            return pending
+        peer = self._peer[dst.rank]
+        await self.am.store(peer, raw, (region.uam_id, dst.offset * region.itemsize), _H_PUT)
+        self._put_peers.setdefault(peer, []).append(pending)
+        return pending
+
+    async def bulk_store(self, dst: GlobalPtr, data: npt.ArrayLike) -> None:
+        """One-way block store of ``data`` at ``dst``; the target counts its bytes for
+        :meth:`store_sync`."""
+        region, raw = self._bulk(dst, data, store=True)
+        self.counters["bulk_stores"] += 1
+        if raw is not None:
+            peer = self._peer[dst.rank]
+            await self.am.store(peer, raw, (region.uam_id, dst.offset * region.itemsize), _H_STORED)
+
+    async def bulk_read(self, dst: GlobalPtr, src: GlobalPtr, count: int) -> None:
+        """Blocking :meth:`bulk_get`."""
+        pending = await self.bulk_get(dst, src, count)
+        await self.am.wait_until(lambda: pending.done)
+
+    async def bulk_write(self, dst: GlobalPtr, data: npt.ArrayLike) -> None:
+        """Blocking :meth:`bulk_put`: returns once the target has the data."""
+        await self.bulk_put(dst, data)
+        if dst.rank != self.rank:
+            await self._drain_puts(self._peer[dst.rank])
+
+    def _bulk(
+        self, dst: GlobalPtr, data: npt.ArrayLike, store: bool = False
+    ) -> tuple[_Region, bytes | None]:
+        region = self._region(dst.region)
+        array = np.ascontiguousarray(data, dtype=region.array.dtype).reshape(-1)
+        self._check(dst, len(array))
+        if dst.rank == self.rank:
+            self.counters["local"] += 1
+            region.array[dst.offset : dst.offset + len(array)] = array
+            if store:
+                self._stored += array.nbytes
+            return region, None
+        self.counters["bulk_bytes"] += array.nbytes
+        return region, array.tobytes()
+
+    # ------------------------------------------------------------------ completion
+
+    @property
+    def done(self) -> bool:
+        """Whether every get and put started so far has completed (bulk puts: only after
+        :meth:`sync`, which waits for their acknowledgments)."""
+        return not self._ops and not self._put_peers
+
+    @property
+    def modeled(self) -> bool:
+        """Whether :meth:`compute` charges a modeled CPU (a simulated host)."""
+        return self._cpu is not None
+
+    @property
+    def stored(self) -> int:
+        """Bytes stored into this rank and not yet consumed by :meth:`store_sync`."""
+        return self._stored
+
+    def poll(self) -> int:
+        """Run the handlers of whatever has arrived (the polling face); returns how many."""
+        return self.am.poll()
+
+    async def sync(self) -> None:
+        """Wait until every get and put this rank started has completed.
+
+        Raises :class:`SplitcAccessError` if any of them was refused since the last sync.
+        """
+        await self.am.wait_until(lambda: not self._ops)
+        for peer in list(self._put_peers):
+            await self._drain_puts(peer)
+        if self._errors:
+            errors, self._errors = self._errors, []
+            first = errors[0]
+            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+            raise SplitcAccessError(f"{first}{more}")
+
+    async def _drain_puts(self, peer: int) -> None:
+        # UAM acknowledges a store once its handler has run, so the data is in place.
+        await self.am.drain(peer)
+        for pending in self._put_peers.pop(peer, []):
+            pending._complete()
+
+    async def store_sync(self, nbytes: int) -> None:
+        """Wait until ``nbytes`` have been stored into this rank, then consume them."""
+        await self.am.wait_until(lambda: self._stored >= nbytes)
+        self._stored -= nbytes
+
+    async def all_store_sync(self) -> None:
+        """Collective: return once every store by every rank has arrived; resets the count."""
+        for peer in self._peer.values():
+            await self.am.drain(peer)
+        await self.barrier()
+        self._stored = 0
+
+    @asynccontextmanager
+    async def split_phase(self) -> AsyncIterator[SplitC]:
+        """``async with sc.split_phase():`` start gets and puts; they complete on exit."""
+        yield self
+        await self.sync()
+
+    # ------------------------------------------------------------------ collectives
+
+    async def barrier(self) -> None:
+        """Wait until every rank has entered the barrier."""
+        await self._gather(b"\0", 0)
+        await self._broadcast_bytes(b"\0", 0)
+
+    async def broadcast(self, value: Any, root: int = 0) -> Any:
+        """``value`` of rank ``root``, on every rank (a scalar or an ndarray)."""
+        array = np.asarray(value)
+        data = _pack_array(array) if self.rank == root else b""
+        out = _unpack_array(await self._broadcast_bytes(data, root))
+        return _scalar(out)
+
+    async def all_reduce(self, value: Any, op: str = "sum") -> Any:
+        """``op`` ("sum", "max", "min", "prod") of every rank's ``value`` (scalar or ndarray,
+        elementwise), on every rank."""
+        reducer = _REDUCERS.get(op)
+        if reducer is None:
+            raise LocalProtocolError(f"Split-C: unknown reduction {op!r} ({sorted(_REDUCERS)})")
+        parts = await self._gather(_pack_array(np.asarray(value)), 0)
+        data = b""
+        if parts is not None:
+            arrays = [_unpack_array(p) for p in parts]
+            total = arrays[0]
+            for other in arrays[1:]:
+                total = reducer(total, other)
+            data = _pack_array(np.asarray(total))
+        return _scalar(_unpack_array(await self._broadcast_bytes(data, 0)))
+
+    async def all_gather(self, value: Any) -> list[Any]:
+        """Every rank's ``value`` (scalar or ndarray), in rank order, on every rank."""
+        parts = await self._gather(_pack_array(np.asarray(value)), 0)
+        data = b""
+        if parts is not None:
+            data = _pack_array(np.stack([_unpack_array(p) for p in parts]))
+        return [_scalar(a) for a in _unpack_array(await self._broadcast_bytes(data, 0))]
+
+    async def _gather(self, data: bytes, root: int) -> list[bytes] | None:
+        self.counters["collectives"] += 1
+        if self.rank != root:
+            await self._send_coll(root, data)
+            return None
+        parts = []
+        for source in range(self.size):
+            parts.append(data if source == root else await self._recv_coll(source))
+        return parts
+
+    async def _broadcast_bytes(self, data: bytes, root: int) -> bytes:
+        if self.rank != root:
+            return await self._recv_coll(root)
+        for target in range(self.size):
+            if target != root:
+                await self._send_coll(target, data)
+        return data
+
+    async def _send_coll(self, target: int, data: bytes) -> None:
+        if len(data) > self._slot:
+            raise LocalProtocolError(
+                f"Split-C: collective of {len(data)} bytes exceeds slot_bytes={self._slot}"
+            )
+        offset = self.rank * self._slot
+        await self.am.store(self._peer[target], data, (self._coll_id, offset), _H_COLL)
+
+    async def _recv_coll(self, source: int) -> bytes:
+        queue = self._coll_in[source]
+        await self.am.wait_until(lambda: bool(queue))
+        return queue.popleft()
+
+    async def finish(self, linger: float = 0.01) -> None:
+        """Collective: a barrier, then stay for ``linger`` seconds so that the last
+        acknowledgments go out (UAM delays them, paper 000 §5.1.1) before the layer closes.
+
+        After the barrier every rank has everything it needs, so a peer that already left
+        while this rank waits for its acknowledgments is not an error.
+        """
+        await self.barrier()
+        with trio.move_on_after(linger):
+            try:
+                await self.am.drain()
+            except PeerUnreachable:
+                return
+            await trio.sleep(linger)
+
+    # ------------------------------------------------------------------ computation
+
+    async def compute(self, seconds: float) -> None:
+        """Charge ``seconds`` of local computation to this rank's CPU (simulated hosts: it
+        takes ``seconds`` plus whatever the protocol's work on that CPU takes meanwhile; real
+        hosts: nothing, the computation took its own time)."""
+        if seconds < 0:
+            raise LocalProtocolError(f"Split-C: negative computation time {seconds}")
+        self.compute_time += seconds
+        cpu = self._cpu
+        if cpu is None or seconds <= 0:
+            return
+        # The protocol comes first: UAM's work (replies, acknowledgments, copies) holds the
+        # CPU whenever it has some, and the computation advances only by the time left over,
+        # checked every COMPUTE_SLICE, as if the program polled that often.  (Holding the CPU
+        # for the whole computation would leave peers' requests unserved until it ends, and
+        # UAM would time out.)
+        remaining = seconds
+        while remaining > 0:
+            step = min(COMPUTE_SLICE, remaining)
+            before = cpu.busy_time
+            await trio.sleep(step)
+            stolen = min(step, cpu.busy_time - before)
+            remaining -= step - stolen
+
+    def statistics(self) -> Mapping[str, object]:
+        """Operation counters, plus UAM's."""
+        return {**self.counters, "uam": self.am.statistics()}
+
+    # ------------------------------------------------------------------ handlers
+
+    def _on_request(self, peer: int, *words: int) -> None:
+        try:
+            request = parse_request(words)
+        except SplitcFormatError:
+            self.counters["malformed"] += 1
+            return
+        status = Status.OK
+        value = b""
+        if request.region >= len(self._by_index):
+            status = Status.NO_REGION
+        else:
+            region = self._by_index[request.region]
+            view = region.array.view(np.uint8)
+            start, end = request.offset, request.offset + request.size
+            exact = request.size == region.itemsize
+            packed = request.kind == Kind.STORE and request.size % region.itemsize == 0
+            if not (exact or packed) or end > len(view):
+                status = Status.OUT_OF_BOUNDS
+            elif request.kind == Kind.READ:
+                value = view[start:end].tobytes()
+            else:
+                view[start:end] = np.frombuffer(request.value[: request.size], np.uint8)
+        if status != Status.OK:
+            self.counters["refused"] += 1
+        if request.kind == Kind.STORE:
+            if status == Status.OK:
+                self._stored += request.size
+            return  # one-way: the sender checked the bounds before sending
+        kind = Kind.VALUE if request.kind == Kind.READ else Kind.ACK
+        reply = Reply(kind, request.size, status, request.op, value)
+        self.am.reply(_H_REPLY, *build_reply(reply))
+
+    def _on_reply(self, peer: int, *words: int) -> None:
+        try:
+            reply = parse_reply(words)
+        except SplitcFormatError:
+            self.counters["malformed"] += 1
+            return
+        pending = self._ops.pop(reply.op, None)
+        if pending is None:
+            self.counters["malformed"] += 1
+            return
+        if reply.status != Status.OK:
+            error = SplitcAccessError(
+                f"Split-C: {pending.what}: rank {self._rank_of.get(peer)} refused it "
+                f"({reply.status.name.lower().replace('_', ' ')})"
+            )
+            self._errors.append(error)
+            pending._complete(error=error)
+        else:
+            pending._complete(reply.value[: reply.size])
+
+    def _on_stored(self, peer: int, region: int, offset: int, nbytes: int) -> None:
+        self._stored += nbytes
+
+    def _on_put(self, peer: int, region: int, offset: int, nbytes: int) -> None:
+        pass  # the data is in place; UAM's acknowledgment completes the put at the sender
+
+    def _on_got(self, peer: int, region: int, offset: int, nbytes: int, op: int) -> None:
+        pending = self._ops.pop(op, None)
+        if pending is not None:
+            pending._complete()
+
+    def _on_coll(self, peer: int, region: int, offset: int, nbytes: int) -> None:
+        source = self._rank_of.get(peer)
+        if source is None:
+            self.counters["malformed"] += 1
+            return
+        # Copy out now: the next collective from the same rank reuses the slot.
+        self._coll_in[source].append(self._coll[offset : offset + nbytes].tobytes())
+
+
+def request_op(words: Sequence[int]) -> int:
+    """The op id in a request's first word (wire.py: kind, size, region, op)."""
+    return words[0] & 0xFFFF
+
+
+def _encode(region: _Region, value: Any) -> bytes:
+    return np.asarray(value, dtype=region.array.dtype).reshape(1).tobytes()
+
+
+def _pack_array(array: npt.NDArray[Any]) -> bytes:
+    """dtype, shape and data of ``array`` in one byte string (collectives' payload)."""
+    header = f"{array.dtype.str}|{','.join(str(n) for n in array.shape)}|".encode()
+    return len(header).to_bytes(2, "big") + header + np.ascontiguousarray(array).tobytes()
+
+
+def _unpack_array(data: bytes) -> npt.NDArray[Any]:
+    length = int.from_bytes(data[:2], "big")
+    dtype, shape, _ = data[2 : 2 + length].decode().split("|")
+    dims = tuple(int(n) for n in shape.split(",") if n)
+    return np.frombuffer(data[2 + length :], np.dtype(dtype)).reshape(dims).copy()
+
+
+def _scalar(array: npt.NDArray[Any]) -> Any:
+    return array.item() if array.ndim == 0 else array
+
+
+@asynccontextmanager
+async def open_splitc(
+    am: UamService,
+    rank: int | None = None,
+    channels: Mapping[int, int] | None = None,
+    *,
+    cpu: Resource | None = None,
+    slot_bytes: int = 64 * 1024,
+    linger: float = 0.01,
+) -> AsyncIterator[SplitC]:
+    """Run Split-C over ``am`` as ``rank``, with ``channels[r]`` the UAM peer of rank ``r``.
+
+    Open it right after UAM, with no checkpoint in between (as ``open_stack`` does), so the
+    handlers are registered before UAM runs any: a request to an empty handler slot is dropped.
+    ``rank`` defaults to ``STACKLIB_RANK``; returns after a barrier, when every rank is ready.
+    Leaving the block runs :meth:`SplitC.finish` with ``linger`` (seconds).
+    """
+    if rank is None:
+        rank = int(os.environ.get("STACKLIB_RANK", "0"))
+    if channels is None:
+        raise LocalProtocolError("Split-C: channels (rank -> UAM peer) are required")
+    sc = SplitC(am, rank, channels, cpu=cpu, slot_bytes=slot_bytes)
+    await sc.barrier()
+    yield sc
+    await sc.finish(linger)
