@@ -50,6 +50,11 @@ class Experiment:
     name: str
     title: str
     run: Callable[[], Sequence[Figure]]
+    #: Whether a plain ``stacklib reproduce`` runs it.  An experiment that takes minutes, or
+    #: whose calibration is still in progress, runs only when named (``--only NAME``) or with
+    #: ``--all``; ``note`` says why, and the default run lists it at the end.
+    default: bool = True
+    note: str = ""
 
 
 EXPERIMENTS: dict[str, Experiment] = {}
@@ -89,9 +94,16 @@ def format_figures(title: str, figures: Sequence[Figure]) -> str:
 
 
 def run_experiments(
-    only: Sequence[str] | None = None, as_json: bool = False, plots: str | None = None
+    only: Sequence[str] | None = None,
+    as_json: bool = False,
+    plots: str | None = None,
+    everything: bool = False,
 ) -> int:
-    """Run the selected experiments, print the results; 1 if a figure is out of tolerance."""
+    """Run the selected experiments, print the results; 1 if a figure is out of tolerance.
+
+    ``only`` names experiments to run; otherwise the default ones run (all of them with
+    ``everything``).
+    """
     _load_builtin()
     if plots is not None:
         try:  # fail before the runs, not after them
@@ -103,13 +115,15 @@ def run_experiments(
                 file=sys.stderr,
             )
             return 2
-    selected = list(EXPERIMENTS.values())
+    selected = [e for e in EXPERIMENTS.values() if e.default or everything]
+    skipped = [e for e in EXPERIMENTS.values() if e not in selected]
     if only:
         unknown = [name for name in only if name not in EXPERIMENTS]
         if unknown:
             known = ", ".join(sorted(EXPERIMENTS)) or "none yet"
             raise KeyError(f"no experiment named {unknown[0]!r} (known: {known})")
         selected = [EXPERIMENTS[name] for name in only]
+        skipped = []
     if not selected:
         print(
             "stacklib reproduce: no experiments are registered yet. They arrive with the "
@@ -145,6 +159,10 @@ def run_experiments(
         print(json.dumps(report, indent=2))
     elif failures:
         print(f"{failures} figure(s) outside tolerance")
+    if skipped and not as_json:
+        print("Not run by default (name one with --only NAME, or run them all with --all):")
+        for experiment in skipped:
+            print(f"  {experiment.name}: {experiment.title}. {experiment.note}")
     if plots is not None:
         from stacklib.plots import draw_figures
 

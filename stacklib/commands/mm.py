@@ -1,10 +1,203 @@
-"""``stacklib`` subcommands for the mm part (none yet)."""
+"""``stacklib`` subcommands for U-Net/MM (paper 002 §6.2): buffer traces and the TLB simulator.
+
+    stacklib trace record -o FILE RECIPE   run a recipe, record every send/receive buffer
+    stacklib trace show FILE               summarize a trace
+    stacklib tlbsim TRACE... --entries 256,1024 --victim 16 [--plot FILE]
+                                           replay traces through NI TLBs (Fig 3)
+
+docs/memory-management.md describes the trace format and the simulation.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+import tomllib
+from pathlib import Path
 from typing import Any
+
+from stacklib.errors import ConfigError
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(part) for part in text.split(",") if part]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected sizes like 256,1024, not {text!r}") from None
+    if not sizes or any(size <= 0 for size in sizes):
+        raise argparse.ArgumentTypeError(f"sizes must be positive, not {text!r}")
+    return sizes
+
+
+def _load_recipe(name: str, assignments: list[str]) -> Any:
+    from stacklib.recipes import find_recipe, parse_recipe
+
+    path = find_recipe(name)
+    try:
+        with path.open("rb") as handle:
+            data: dict[str, Any] = tomllib.load(handle)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(str(path), "", f"not valid TOML: {error}") from None
+    for text in assignments:
+        key, sep, raw = text.partition("=")
+        if not sep or not key:
+            raise ConfigError("--set", text, "expected KEY=VALUE, e.g. workload.iterations=100")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        table = data
+        *parents, last = key.split(".")
+        for part in parents:
+            table = table.setdefault(part, {})
+            if not isinstance(table, dict):
+                raise ConfigError("--set", text, f"{part} is not a table")
+        table[last] = value
+    return parse_recipe(data, str(path), path)
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    from stacklib.unet.mm.trace import TraceRecorder, parse_trace
+
+    if args.action == "record":
+        from stacklib.recipes import run_recipe
+
+        recipe = _load_recipe(args.recipe, args.set)
+        recorder = TraceRecorder()
+        with recorder.installed():
+            run_recipe(recipe, seed=args.seed)
+        Path(args.output).write_bytes(recorder.to_bytes())
+        tx = sum(1 for r in recorder.records if r.direction == 0)
+        print(
+            f"{args.output}: {len(recorder.records)} buffers ({tx} transmit, "
+            f"{len(recorder.records) - tx} receive) from {recipe.name}"
+        )
+        return 0
+    trace = parse_trace(Path(args.file).read_bytes())
+    processes = sorted({r.process for r in trace.records})
+    tx = sum(1 for r in trace.records if r.direction == 0)
+    print(f"{args.file}: {len(trace.records)} buffers, {trace.dropped} bad records dropped")
+    print(f"  transmit {tx}, receive {len(trace.records) - tx}, processes {len(processes)}")
+    for record in trace.records[: args.head]:
+        kind = "tx" if record.direction == 0 else "rx"
+        print(
+            f"  {kind} process {record.process} endpoint {record.endpoint} "
+            f"address {record.address:#x} length {record.length}"
+        )
+    return 0
+
+
+def cmd_tlbsim(args: argparse.Namespace) -> int:
+    from stacklib.unet.mm.tlbsim import format_results, simulate
+    from stacklib.unet.mm.trace import parse_trace
+
+    if args.plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError as error:
+            print(
+                f"stacklib tlbsim: --plot needs matplotlib ({error}); "
+                "install it with: pip install 'stacklib[plot]'",
+                file=sys.stderr,
+            )
+            return 2
+    results = []
+    for name in args.traces:
+        trace = parse_trace(Path(name).read_bytes())
+        for entries in args.entries:
+            results.append(
+                simulate(
+                    trace.records,
+                    entries=entries,
+                    victim=args.victim,
+                    ways=args.ways,
+                    rx_buffers=args.rx_buffers,
+                    rx_buffer_size=args.rx_buffer_size,
+                    label=Path(name).stem,
+                )
+            )
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "trace": r.label,
+                        "entries": r.entries,
+                        "victim": r.victim,
+                        "translations": r.translations,
+                        "pages": r.pages,
+                        "hits": r.hits,
+                        "tx_compulsory": r.tx_compulsory,
+                        "tx_non_compulsory": r.tx_non_compulsory,
+                        "rx_compulsory": r.rx_compulsory,
+                        "rx_non_compulsory": r.rx_non_compulsory,
+                    }
+                    for r in results
+                ],
+                indent=2,
+            )
+        )
+    else:
+        print(format_results(results))
+    if args.plot is not None:
+        from stacklib.unet.mm.tlbsim import plot_results
+
+        out = plot_results(results, args.plot)
+        print(f"plot written to {out}", file=sys.stderr if args.json else sys.stdout)
+    return 0
 
 
 def add_commands(commands: argparse._SubParsersAction[Any]) -> None:
     """Add this part's subcommands to ``commands``."""
+    p = commands.add_parser(
+        "trace",
+        help="record or show buffer traces (U-Net/MM, paper 002 §6.2)",
+        description="Record the address, length and direction of every send and receive "
+        "buffer of a recipe's run, or summarize a recorded trace.",
+    )
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    r = actions.add_parser("record", help="run RECIPE and write its buffer trace to FILE")
+    r.add_argument("recipe", metavar="RECIPE", help="recipe name or path")
+    r.add_argument("-o", "--output", required=True, metavar="FILE", help="trace file to write")
+    r.add_argument("--seed", type=int, default=None, help="override the recipe's seed")
+    r.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a recipe value, e.g. --set workload.iterations=100 (repeatable)",
+    )
+    r.set_defaults(func=cmd_trace)
+    s = actions.add_parser("show", help="summarize a trace file")
+    s.add_argument("file", metavar="FILE")
+    s.add_argument("--head", type=int, default=10, help="records to print (10)")
+    s.set_defaults(func=cmd_trace)
+
+    p = commands.add_parser(
+        "tlbsim",
+        help="replay buffer traces through NI TLBs (paper 002 §6.2, Fig 3)",
+        description="Replay each TRACE through a direct-mapped TLB of each size with a fully "
+        "associative FIFO victim cache, and report misses as transmit/receive x "
+        "compulsory/non-compulsory, in percent of page translations.",
+    )
+    p.add_argument("traces", metavar="TRACE", nargs="+", help="trace files")
+    p.add_argument(
+        "--entries",
+        type=_sizes,
+        default=[256, 1024],
+        metavar="N,N",
+        help="primary TLB sizes (256,1024)",
+    )
+    p.add_argument("--victim", type=int, default=16, help="victim cache entries (16)")
+    p.add_argument("--ways", type=int, default=1, help="primary associativity (1: direct)")
+    p.add_argument(
+        "--rx-buffers",
+        type=int,
+        default=64,
+        help="receive buffers per process (64, paper 002 §6.2); 0 uses the recorded addresses",
+    )
+    p.add_argument("--rx-buffer-size", type=int, default=4096, help="bytes each (4096)")
+    p.add_argument("--plot", metavar="FILE", help="draw stacked bars like Fig 3 (matplotlib)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_tlbsim)
