@@ -11,6 +11,11 @@ ping-pong round trip between two tasks via the heap    8.3 us
 ``trio.sleep`` in virtual time (clock autojump)        13.5 us
 =====================================================  ==========
 
+Since the inline charge (world.py), a task alone charging a cost no event or deadline
+interrupts moves the clock without parking: ``use_us`` is then 0.5-0.7 us, and
+``use_parked_us`` (``Simulation(inline_charges=False)``) is the parked figure above, 4.8-5.6 us
+(2026-11-23, same VM under load from other jobs).
+
 A wake-up is one pass of trio's run loop: the heap events run inside the clock's
 ``deadline_to_sleep_time`` (world.py), and the task they wake runs in that same pass.  (With a
 driver task that first waited for the loop to go idle it took three passes: 14.4 us per
@@ -85,8 +90,8 @@ def _time_ping_pong(rounds: int) -> float:
     return (time.perf_counter() - start) / rounds
 
 
-def _time_use(n: int) -> float:
-    sim = Simulation()
+def _time_use(n: int, inline: bool = True) -> float:
+    sim = Simulation(inline_charges=inline)
     cpu = sim.resource("cpu")
 
     async def main() -> None:
@@ -120,6 +125,7 @@ def bench_events(n: int = 100_000) -> dict[str, float]:
         "round_trip_us": round_trip * 1e6,
         "wakeup_us": round_trip / 2 * 1e6,
         "use_us": _time_use(tasks) * 1e6,
+        "use_parked_us": _time_use(tasks, inline=False) * 1e6,
         "sleep_us": _time_sleep(tasks) * 1e6,
     }
 

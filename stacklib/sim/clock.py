@@ -36,6 +36,7 @@ import random
 from collections.abc import Iterable
 from typing import Protocol
 
+import attrs
 import trio
 import trio.lowlevel
 
@@ -68,6 +69,38 @@ class _IdleWaiters(Protocol):
     def __len__(self) -> int: ...
 
     def items(self) -> Iterable[tuple[tuple[float, int], trio.lowlevel.Task]]: ...
+
+
+class _Deadlines(Protocol):
+    """trio's private ``Runner.deadlines``."""
+
+    def next_deadline(self) -> float: ...
+
+
+class _Runner(Protocol):
+    """What the inline charge reads of trio's private ``Runner`` (world.Simulation._park_until)."""
+
+    deadlines: _Deadlines
+    ki_pending: bool
+
+
+def _find_runner() -> _Runner | None:
+    """The current run's trio ``Runner`` if it and its tasks have what an inline charge reads
+    (world.Simulation._park_until), else None: then every charge parks its task."""
+    run_module = getattr(getattr(trio, "_core", None), "_run", None)
+    runner = getattr(getattr(run_module, "GLOBAL_RUN_CONTEXT", None), "runner", None)
+    task_class = getattr(run_module, "Task", None)
+    try:
+        task_fields = {field.name for field in attrs.fields(task_class)}  # type: ignore[arg-type]
+    except (TypeError, attrs.exceptions.NotAnAttrsClassError):
+        return None
+    if (
+        not callable(getattr(getattr(runner, "deadlines", None), "next_deadline", None))
+        or not isinstance(getattr(runner, "ki_pending", None), bool)
+        or not {"_cancel_status", "_cancel_points", "_schedule_points"} <= task_fields
+    ):
+        return None
+    return runner
 
 
 def _find_idle_waiters() -> _IdleWaiters | None:
@@ -122,6 +155,7 @@ class _RunGuard(trio.abc.Instrument):
         clock = self._clock
         clock._guard = None
         clock._waiters = None
+        clock._runner = None
         owner = clock._owner
         if owner is not None:
             owner._on_run_end()
@@ -160,7 +194,7 @@ class VirtualClock(trio.abc.Clock):
     virtual time may jump while it runs.
     """
 
-    __slots__ = ("_guard", "_jumps", "_now", "_owner", "_waiters", "seed")
+    __slots__ = ("_guard", "_jumps", "_now", "_owner", "_runner", "_waiters", "seed")
 
     def __init__(self, seed: int = 0) -> None:
         self._now = 0.0
@@ -169,6 +203,7 @@ class VirtualClock(trio.abc.Clock):
         self._owner: _ClockOwner | None = None
         self._guard: _RunGuard | None = None  # per run
         self._waiters: _IdleWaiters | None = None  # per run
+        self._runner: _Runner | None = None  # per run; None: charges always park
 
     def __repr__(self) -> str:
         return f"<VirtualClock t={self._now!r}s seed={self.seed}>"
@@ -213,6 +248,7 @@ class VirtualClock(trio.abc.Clock):
         # instruments can be installed and the runner is already set up.
         self._guard = _RunGuard(self, _seed_scheduler(self.seed))
         self._waiters = _find_idle_waiters()
+        self._runner = _find_runner()
         trio.lowlevel.add_instrument(self._guard)
         if self._owner is not None:
             self._owner._on_run_start()

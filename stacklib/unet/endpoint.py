@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import enum
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -173,7 +173,12 @@ class _Waiters:
     def __bool__(self) -> bool:
         return bool(self._tasks)
 
-    async def wait(self) -> None:
+    def wait(self) -> Awaitable[object]:
+        """Park the calling task until :meth:`wake_all`; await the result at once.
+
+        Returns trio's own awaitable rather than wrapping it in a coroutine of ours: one
+        coroutine frame less to create, resume and unwind on every blocking receive.
+        """
         task = trio.lowlevel.current_task()
         tasks = self._tasks
         tasks.append(task)
@@ -183,7 +188,7 @@ class _Waiters:
                 tasks.remove(task)
             return trio.lowlevel.Abort.SUCCEEDED
 
-        await trio.lowlevel.wait_task_rescheduled(abort)
+        return trio.lowlevel.wait_task_rescheduled(abort)
 
     def wake_all(self) -> None:
         tasks = self._tasks
@@ -378,15 +383,17 @@ class Endpoint:
     ) -> SendDescriptor:
         """Build the descriptor of a message-level send, copying into send buffers, once the
         send queue has room for it; :class:`trio.WouldBlock` otherwise."""
-        self._check_usable()
+        if self.closed:
+            self._check_usable()
         if self.send_queue.full:
             raise trio.WouldBlock
         length = len(data)
-        if length <= self.ni.inline_threshold and dest_offset is None:
+        ni = self.ni
+        if length <= ni.inline_threshold and dest_offset is None:
             return SendDescriptor(channel, inline=bytes(data))
-        if length > self.ni.max_message:
+        if length > ni.max_message:
             raise UNetError(
-                f"message of {length} bytes exceeds the NI's maximum of {self.ni.max_message}"
+                f"message of {length} bytes exceeds the NI's maximum of {ni.max_message}"
             )
         size = self.config.tx_buffer_size
         needed = -(-length // size) if length else 1
@@ -424,7 +431,8 @@ class Endpoint:
         first (in a simulation), as the application's own thread executes the send path.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
-        cost = self._send_cost(len(data)) if self._send_cost is not None else 0.0
+        send_cost = self._send_cost
+        cost = send_cost(len(data)) if send_cost is not None else 0.0
         if cost:
             await self._cpu.use(cost)
         while True:
@@ -445,6 +453,8 @@ class Endpoint:
         descriptor = self.recv_queue.pop()
         if descriptor is None:
             return None
+        if descriptor.kind is RecvKind.INLINE:  # read() inlined for the small-message case
+            return Message(descriptor.channel, descriptor.inline or b"", descriptor.dest_offset)
         data = self.read(descriptor)
         if descriptor.fragments:
             self.release(descriptor)
@@ -464,14 +474,16 @@ class Endpoint:
         message = self.poll()
         waited = message is None
         while message is None:
-            self._check_usable()
+            if self.closed:
+                self._check_usable()
             await self._recv_waiters.wait()
             message = self.poll()
         if self._prepaid_receives:
             # The CPU spent the receive cost when the message arrived (see _arrived).
             self._prepaid_receives -= 1
             return message
-        cost = self._recv_cost(len(message.data)) if self._recv_cost is not None else 0.0
+        recv_cost = self._recv_cost
+        cost = recv_cost(len(message.data)) if recv_cost is not None else 0.0
         if cost:
             await self._cpu.use(cost)
         elif not waited:
@@ -558,8 +570,9 @@ class Endpoint:
 
     def _arrived(self, length: int = 0) -> None:
         """Called by the NI after it pushed a receive descriptor of ``length`` bytes."""
-        if self._recv_waiters:
-            cost = self._recv_cost(length) if self._recv_cost is not None else 0.0
+        if self._recv_waiters._tasks:
+            recv_cost = self._recv_cost
+            cost = recv_cost(length) if recv_cost is not None else 0.0
             if cost and self._virtual:
                 # A task is blocked in recv, so the CPU polls idly: it spends the receive cost
                 # of this first arrival from now on, and the task wakes once, when that is
@@ -592,7 +605,7 @@ class Endpoint:
         """Called by the NI after it took descriptors off the send queue."""
         if self._tx_inflight:
             self._reclaim()
-        if self._send_waiters:
+        if self._send_waiters._tasks:
             self._send_waiters.wake_all()
         if self.on_send_space is not None:
             self.on_send_space()

@@ -65,6 +65,10 @@ class NetworkInterface:
     #: The endpoint class the OS service creates on this NI (transports whose endpoints drive
     #: the NI themselves give their own).
     endpoint_class: type[Endpoint] = Endpoint
+    #: Called with (endpoint, 0 transmit / 1 receive, buffers) for every segment buffer the NI
+    #: sends from or fills; None (the default) costs one attribute test.  U-Net/MM's trace
+    #: recorder sets it on the class (stacklib/unet/mm/trace.py, paper 002 §6.2).
+    buffer_trace: Callable[[Endpoint, int, tuple[Fragment, ...]], None] | None = None
 
     def __init__(
         self,
@@ -204,47 +208,47 @@ class NetworkInterface:
             # loop is still running and will take the new descriptors.
             return
         endpoint._in_service = True
+        queue = endpoint.send_queue
+        progressed = False
         try:
-            progressed = self._service_loop(endpoint)
+            while not self._tx_paused:
+                descriptor = queue.peek()
+                if descriptor is None:
+                    break
+                error = self._validate(endpoint, descriptor)
+                if error is not SendError.NONE:
+                    queue.pop()
+                    descriptor.status = DescriptorStatus.ERROR
+                    descriptor.error = error
+                    endpoint.send_errors[error.name] += 1
+                    self.send_errors[error.name] += 1
+                    progressed = True
+                    continue
+                channel = endpoint.channels[descriptor.channel]
+                inline = descriptor.inline
+                if inline is not None:
+                    data: Payload = inline
+                else:
+                    view = endpoint.segment.view
+                    fragments = descriptor.fragments
+                    if len(fragments) == 1:
+                        offset, length = fragments[0]
+                        data = view[offset : offset + length]
+                    else:
+                        data = b"".join(
+                            view[offset : offset + length] for offset, length in fragments
+                        )
+                if not self._transmit(endpoint, channel, descriptor, data):
+                    break
+                queue.pop()
+                progressed = True
+                if self.buffer_trace is not None and inline is None:
+                    self.buffer_trace(endpoint, 0, descriptor.fragments)
         finally:
             endpoint._in_service = False
         if progressed:
             # Outside the guard: waking senders may push (and so service) more descriptors.
             endpoint._send_progress()
-
-    def _service_loop(self, endpoint: Endpoint) -> bool:
-        queue = endpoint.send_queue
-        progressed = False
-        while not self._tx_paused:
-            descriptor = queue.peek()
-            if descriptor is None:
-                break
-            error = self._validate(endpoint, descriptor)
-            if error is not SendError.NONE:
-                queue.pop()
-                descriptor.status = DescriptorStatus.ERROR
-                descriptor.error = error
-                endpoint.send_errors[error.name] += 1
-                self.send_errors[error.name] += 1
-                progressed = True
-                continue
-            channel = endpoint.channels[descriptor.channel]
-            inline = descriptor.inline
-            if inline is not None:
-                data: Payload = inline
-            else:
-                view = endpoint.segment.view
-                fragments = descriptor.fragments
-                if len(fragments) == 1:
-                    offset, length = fragments[0]
-                    data = view[offset : offset + length]
-                else:
-                    data = b"".join(view[offset : offset + length] for offset, length in fragments)
-            if not self._transmit(endpoint, channel, descriptor, data):
-                break
-            queue.pop()
-            progressed = True
-        return progressed
 
     def _validate(self, endpoint: Endpoint, descriptor: SendDescriptor) -> SendError:
         """Check a send descriptor without touching any data (paper 000 §3.2 protection)."""
@@ -290,8 +294,7 @@ class NetworkInterface:
         if entry is None:
             self.dropped[DropReason.UNKNOWN_TAG] += 1
             return
-        endpoint, channel = entry
-        self._fill(endpoint, channel, data, dest_offset)
+        self._fill(entry[0], entry[1], data, dest_offset)
 
     def drop(self, reason: DropReason, endpoint: Endpoint | None = None) -> None:
         """Count a message dropped for ``reason`` (on the endpoint too, when known)."""
@@ -314,7 +317,10 @@ class NetworkInterface:
         if recv_queue.full:
             self.drop(DropReason.RECV_QUEUE_FULL, endpoint)
             return
-        if dest_offset is not None:
+        if dest_offset is None and length <= self.inline_threshold:
+            # The small-message case first (the branch below, taken without the others' tests).
+            descriptor = RecvDescriptor(channel, length, RecvKind.INLINE, inline=bytes(data))
+        elif dest_offset is not None:
             if not endpoint.config.direct_access:
                 self.drop(DropReason.DIRECT_NOT_ENABLED, endpoint)
                 return
@@ -324,12 +330,12 @@ class NetworkInterface:
                 return
             endpoint.segment.view[dest_offset : dest_offset + length] = data
             descriptor = RecvDescriptor(channel, length, RecvKind.DIRECT, dest_offset=dest_offset)
-        elif length <= self.inline_threshold:
-            descriptor = RecvDescriptor(channel, length, RecvKind.INLINE, inline=bytes(data))
         else:
             buffers = self._take_buffers(endpoint, length)
             if buffers is None:
                 return
+            if self.buffer_trace is not None:
+                self.buffer_trace(endpoint, 1, buffers)
             view = endpoint.segment.view
             if len(buffers) == 1:
                 offset = buffers[0].offset

@@ -461,3 +461,51 @@ def test_a_one_cell_message_is_not_held_behind_a_long_one_the_other_way() -> Non
 
     sim.run(main)
     assert arrivals["ack"] == pytest.approx(65.11e-6 / 2, rel=0.02)
+
+
+def test_sba200_ping_pong_wakes_one_task_per_message_with_unchanged_times() -> None:
+    # The simulator's budget per message (docs/performance.md "Virtual time"): the host's send
+    # cost is charged inline, so a message costs one trio wake-up (the receiver's) and six
+    # heap events; parking for every charge gives the very same times.
+    def run(inline: bool) -> tuple[list[float], int, int, int]:
+        sim = Simulation(seed=1, inline_charges=inline)
+        cluster = build_atm(sim, AtmParams(), ["a", "b"], None)
+        eps = {
+            name: node.os.create_endpoint(node.os.process(f"app@{name}"))
+            for name, node in cluster.nodes.items()
+        }
+        ch, back = connect(eps["a"], eps["b"])
+        rtts: list[float] = []
+
+        async def echo() -> None:
+            while True:
+                message = await eps["b"].recv()
+                await eps["b"].send(back, message.data)
+
+        async def main() -> None:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(echo)
+                for _ in range(50):
+                    start = trio.current_time()
+                    await eps["a"].send(ch, bytes(40))
+                    await eps["a"].recv()
+                    rtts.append(trio.current_time() - start)
+                nursery.cancel_scope.cancel()
+
+        before = sim.statistics()
+        sim.run(main)
+        stats = sim.statistics()
+        return (
+            rtts,
+            stats.task_wakeups - before.task_wakeups,
+            stats.events_processed - before.events_processed,
+            stats.charges_inline,
+        )
+
+    rtts, wakeups, events, inline = run(True)
+    assert rtts == run(False)[0]
+    assert rtts[-1] == pytest.approx(65.1 * US, rel=0.02)
+    messages = 100
+    assert messages <= wakeups <= messages + 3
+    assert 6 * messages <= events <= 6 * messages + 6
+    assert inline >= messages - 2

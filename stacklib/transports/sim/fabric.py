@@ -235,6 +235,7 @@ class Fabric:
         ni.link = link if link is not None else self.tech
         ni.uplink = self.world.resource(f"{self.name}:{ni.name}:up")
         ni.downlink = self.world.resource(f"{self.name}:{ni.name}:down")
+        ni._egress = self.egress(ni)
 
     def egress(self, ni: SimNI) -> Resource:
         """The first shared or serial resource a sender's frames queue on: its own link to
@@ -260,7 +261,12 @@ class Fabric:
         """A sender NI puts ``packet`` on its link: first unit at ``first_out``, last at
         ``last_out``.  The link to the switch belongs to the sender alone, so it is reserved
         now; shared stages are reserved when the first unit reaches them."""
-        source = self.nis[packet.source]
+        self._transmit_from(self.nis[packet.source], packet, first_out, last_out)
+
+    def _transmit_from(
+        self, source: SimNI, packet: Packet, first_out: float, last_out: float
+    ) -> None:
+        """:meth:`transmit` from the NI ``source`` (the sender's own call: no name look-up)."""
         shape = packet.shape
         self.units += shape.units
         self.wire_bytes += shape.wire_bytes
@@ -268,25 +274,40 @@ class Fabric:
             self.world.call_at(first_out, self._on_medium, packet, first_out, last_out)
             return
         up = source.wire_shape(len(packet.payload)) if source.link is not self.tech else shape
-        first, last = stage(source.uplink, first_out, last_out, up.units, up.per_unit, tail=up.tail)
-        first, last = delay(first, last, self.propagation)
+        first, last = stage(source.uplink, first_out, last_out, up.units, up.per_unit, 0.0, up.tail)
+        # delay(first, last, self.propagation), inlined: the same two additions.
+        propagation = self.propagation
+        first, last = first + propagation, last + propagation
         if self.topology == "direct":
             self._arrive(packet, first, last)
             return
         self.world.call_at(first, self._on_switch, packet, first, last)
 
     def _on_switch(self, packet: Packet, first_in: float, last_in: float) -> None:
-        # Without faults, _faults returns [packet] and draws nothing: skip the call and list.
-        copies = self._faults(packet) if self.faults.any else (packet,)
-        if not copies:
-            return
+        faults = self.faults
         if self.store_and_forward:
             first_in = last_in
-        first_in, last_in = delay(first_in, last_in, self.latency)
+        # delay(first_in, last_in, self.latency) and delay(first, last, self.propagation)
+        # below, inlined: the same additions.
+        latency = self.latency
+        first_in, last_in = first_in + latency, last_in + latency
         destination = self.nis[packet.destination]
         # The switch's output port is the receiver's link, at the receiver's link rate.
         shape = destination.wire_shape(len(packet.payload))
-        for copy in copies:
+        propagation = self.propagation
+        if not faults.any:
+            # Without faults, _faults returns [packet] and draws nothing, and _arrive reorders
+            # nothing: one copy, handed on here (_arrive without its fault branch).
+            units, per_unit, tail = shape.units, shape.per_unit, shape.tail
+            first, last = stage(destination.downlink, first_in, last_in, units, per_unit, 0.0, tail)
+            first, last = first + propagation, last + propagation
+            self.carried += 1
+            if self.taps:
+                for tap in self.taps:
+                    tap(last, packet)
+            self.world.call_at(first, destination._arrive, packet, first, last)
+            return
+        for copy in self._faults(packet):
             first, last = stage(
                 destination.downlink,
                 first_in,
@@ -295,7 +316,7 @@ class Fabric:
                 shape.per_unit,
                 tail=shape.tail,
             )
-            self._arrive(copy, *delay(first, last, self.propagation))
+            self._arrive(copy, first + propagation, last + propagation)
 
     def _on_medium(self, packet: Packet, first_out: float, last_out: float) -> None:
         shape = packet.shape

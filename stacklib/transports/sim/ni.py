@@ -74,6 +74,8 @@ class SimNI(NetworkInterface):
         self.bus: Resource = host.resource("bus")
         self.uplink: Resource = host.resource("uplink")  # replaced by Fabric.attach
         self.downlink: Resource = host.resource("downlink")
+        #: ``fabric.egress(self)``, set by Fabric.attach (read once per message).
+        self._egress: Resource = self.uplink
         self.link: LinkTech = fabric.tech
         #: Delay from a doorbell to the NI noticing the descriptor (an NI polling its queues).
         self.poll_latency = poll_latency
@@ -139,16 +141,23 @@ class SimNI(NetworkInterface):
     def tx_ready(self, now: float) -> float:
         """When the NI can take the next send descriptor: its processor is free and its link
         has room in the output FIFO."""
-        return max(self.engine.busy_until, self.link_ready())
+        engine = self.engine.busy_until
+        link = self._egress.busy_until - self.tx_backlog  # link_ready(), inlined
+        return engine if engine >= link else link
 
     def link_ready(self) -> float:
         """When the link's queue has drained to the NI's transmit backlog."""
-        return self.fabric.egress(self).busy_until - self.tx_backlog
+        return self._egress.busy_until - self.tx_backlog
 
     # ------------------------------------------------------------------ send path
 
     def doorbell(self, endpoint: Endpoint) -> None:
-        self._schedule_poll(self.world.now() + self.poll_latency)
+        # _schedule_poll inlined (once per message): the same test and the same heap entry.
+        when = self.world.now() + self.poll_latency
+        poll_at = self._poll_at
+        if poll_at is None or when < poll_at:
+            self._poll_at = when
+            self.world.call_at(when, self._poll, when)
 
     def _schedule_poll(self, when: float) -> None:
         if self._poll_at is None or when < self._poll_at:
@@ -185,7 +194,7 @@ class SimNI(NetworkInterface):
             tag,
         )
         world.call_at(injected, self._tx_done, endpoint, descriptor, length)
-        self.fabric.transmit(packet, first_out, last_out)
+        self.fabric._transmit_from(self, packet, first_out, last_out)
         return True
 
     def _tx_done(self, endpoint: Endpoint, descriptor: SendDescriptor, length: int) -> None:
