@@ -131,11 +131,47 @@ def cmd_bench(args: argparse.Namespace) -> int:
             messages=args.messages,
             bulk_messages=args.bulk_messages,
             repeat=args.repeat,
+            only=args.only,
         )
+    elif args.transport is not None:
+        result = _bench_transport(args)
     else:
         result = _bench_workload(args)
     print(result.to_json() if args.json else result.format_table())
     return 0
+
+
+def _bench_transport(args: argparse.Namespace) -> Any:
+    """Run the workload ``args.bench`` between two processes over ``args.transport``."""
+    from stacklib.bench.remote import bench_transport, make_params
+
+    if args.recipe is not None:
+        raise ConfigError(
+            "command line", "--transport", "give either a RECIPE or --transport, not both"
+        )
+    if args.set or args.pcap:
+        raise ConfigError("command line", "--set/--pcap", "apply to a RECIPE, not --transport")
+    given = {
+        name: value
+        for name, value in (
+            ("sizes", tuple(args.sizes) if args.sizes else None),
+            ("iterations", getattr(args, "iterations", None)),
+            ("messages", getattr(args, "messages", None)),
+            ("modes", tuple(args.modes) if getattr(args, "modes", None) else None),
+        )
+        if value is not None
+    }
+    try:
+        params = make_params(args.bench, given)
+        return bench_transport(
+            args.bench,
+            params,
+            args.transport,
+            compare=args.compare == "kernel",
+            netns=args.netns,
+        )
+    except (TypeError, ValueError) as error:
+        raise ConfigError("command line", args.bench, str(error)) from None
 
 
 def _bench_workload(args: argparse.Namespace) -> Any:
@@ -145,6 +181,10 @@ def _bench_workload(args: argparse.Namespace) -> Any:
     from stacklib.bench import workload_kind
     from stacklib.recipes import run_recipe
 
+    if args.recipe is None:
+        raise ConfigError("command line", args.bench, "give a RECIPE or --transport")
+    if args.compare is not None or args.netns:
+        raise ConfigError("command line", "--compare/--netns", "apply to --transport runs")
     recipe = _load(args.recipe, args.set)
     kind = workload_kind(args.bench)
     top = recipe.layers[-1][0].provides if recipe.layers else None
@@ -268,6 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--iterations", type=int, default=20000, help="round trips per ping-pong")
     b.add_argument("--messages", type=int, default=200000, help="messages in the rate test")
     b.add_argument("--bulk-messages", type=int, default=20000, help="64 KiB messages")
+    b.add_argument(
+        "--only",
+        nargs="+",
+        choices=["shm", "udp", "trio", "udp1", "uam", "uamtrio", "rate", "bulk"],
+        help="run only these measurements (uam: UAM request/reply with explicit polling)",
+    )
     b.add_argument("--repeat", type=int, default=3, help="runs of each; the best is kept")
     b.add_argument("--json", action="store_true", help="print JSON")
     b.set_defaults(func=cmd_bench)
@@ -280,10 +326,30 @@ def build_parser() -> argparse.ArgumentParser:
             name,
             help=summary,
             description=f"{summary}, measured on RECIPE's transport and stack (its own "
-            "workload is replaced; its parameters are used if it is the same workload). "
-            "Simulated transports report virtual time; real ones wall-clock time.",
+            "workload is replaced; its parameters are used if it is the same workload), or "
+            "with --transport between two processes on a real transport over raw U-Net "
+            "(docs/transports.md). Simulated transports report virtual time; real ones "
+            "wall-clock time.",
         )
-        b.add_argument("recipe", metavar="RECIPE", help="recipe name or path")
+        b.add_argument("recipe", metavar="RECIPE", nargs="?", help="recipe name or path")
+        b.add_argument(
+            "--transport",
+            choices=["shm", "udp", "ether", "memory"],
+            help="instead of a recipe: raw U-Net between two processes (shm, udp over "
+            "loopback), two network namespaces (ether, udp --netns; root), or in this "
+            "process (memory)",
+        )
+        b.add_argument(
+            "--compare",
+            choices=["kernel"],
+            help="with --transport: also run over kernel UDP and TCP sockets between the "
+            "same two processes and print the gains",
+        )
+        b.add_argument(
+            "--netns",
+            action="store_true",
+            help="with --transport udp: two network namespaces joined by a veth (root)",
+        )
         b.add_argument("--sizes", type=int, nargs="+", help="message sizes in bytes")
         if name in ("pingpong", "logp"):
             b.add_argument("--iterations", type=int, help="round trips per size")

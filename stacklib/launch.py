@@ -10,9 +10,11 @@ Python file or module on this host, each with its bootstrap in environment varia
                        directory of the :class:`~stacklib.transports.shm.ShmNetwork`; udp:
                        each rank writes its address there), or for udp ``static:H:P,H:P,...``
                        (rank r binds the r-th address)
-``STACKLIB_TRANSPORT``  ``shm`` (one host) or ``udp`` (across hosts)
+``STACKLIB_TRANSPORT``  ``shm`` (one host), ``udp`` (across hosts) or ``ether`` (hosts on one
+                       Ethernet segment; needs CAP_NET_RAW)
 ``STACKLIB_HOST``      udp with a directory: the IPv4 address this rank binds (default
                        127.0.0.1)
+``STACKLIB_INTERFACE``  ether: the network interface this rank's endpoint uses
 =====================  ==================================================================
 
 It waits for all of them; when one fails it kills the others, names the failed rank and
@@ -48,8 +50,10 @@ __all__ = [
     "Rank",
     "bootstrap",
     "program_argv",
+    "publish",
     "rank_from_environment",
     "spawn",
+    "wait_for",
 ]
 
 #: The port every rank's endpoint has (one endpoint per rank).
@@ -144,7 +148,12 @@ def bootstrap(env: Mapping[str, str] | None = None, *, timeout: float = 30.0) ->
         return _bootstrap_shm(rank, size, rendezvous)
     if transport == "udp":
         return _bootstrap_udp(rank, size, rendezvous, env.get("STACKLIB_HOST"), timeout)
-    raise LaunchError(f"STACKLIB_TRANSPORT={transport!r}: spawn knows shm and udp")
+    if transport == "ether":
+        interface = env.get("STACKLIB_INTERFACE")
+        if not interface:
+            raise LaunchError("STACKLIB_TRANSPORT=ether needs STACKLIB_INTERFACE")
+        return _bootstrap_ether(rank, size, rendezvous, interface, timeout)
+    raise LaunchError(f"STACKLIB_TRANSPORT={transport!r}: bootstrap knows shm, udp and ether")
 
 
 def _bootstrap_shm(rank: int, size: int, directory: str) -> Rank:
@@ -167,6 +176,11 @@ def _bootstrap_shm(rank: int, size: int, directory: str) -> Rank:
         network.close()
         raise
     return Rank(rank, size, "shm", network, node, endpoint, channels)
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return host, int(port)
 
 
 def _static_addresses(spec: str, size: int) -> list[tuple[str, int]]:
@@ -199,8 +213,8 @@ def _bootstrap_udp(rank: int, size: int, rendezvous: str, host: str | None, time
         if addresses is None:
             address = endpoint.address
             assert isinstance(address, UdpAddress)
-            _publish(rendezvous, rank, f"{address.host}:{address.udp_port}")
-            addresses = [_wait_for(rendezvous, other, timeout) for other in range(size)]
+            publish(rendezvous, rank, f"{address.host}:{address.udp_port}")
+            addresses = [_host_port(wait_for(rendezvous, other, timeout)) for other in range(size)]
         channels = {
             other: node.os.create_channel(
                 endpoint.owner, endpoint, UdpAddress(addresses[other][0], addresses[other][1], PORT)
@@ -214,24 +228,52 @@ def _bootstrap_udp(rank: int, size: int, rendezvous: str, host: str | None, time
     return Rank(rank, size, "udp", network, node, endpoint, channels)
 
 
-def _publish(directory: str, rank: int, text: str) -> None:
+def _bootstrap_ether(rank: int, size: int, rendezvous: str, interface: str, timeout: float) -> Rank:
+    """One node per interface (the ether transport's rule): each rank names its own interface
+    and publishes its MAC address and port in the rendezvous directory."""
+    from stacklib.transports.ether import EtherAddress, EtherNetwork
+
+    if not os.path.isdir(rendezvous):
+        raise LaunchError(f"STACKLIB_RENDEZVOUS={rendezvous!r} is not a directory")
+    network = EtherNetwork(interface)
+    try:
+        node = network.add_node(f"rank{rank}")
+        endpoint = node.os.create_endpoint(node.os.process(f"rank{rank}"), port=PORT)
+        address = endpoint.address
+        assert isinstance(address, EtherAddress)
+        publish(rendezvous, rank, f"{address.mac}/{address.port}")
+        channels = {}
+        for other in range(size):
+            if other != rank:
+                mac, _, port = wait_for(rendezvous, other, timeout).partition("/")
+                channels[other] = node.os.create_channel(
+                    endpoint.owner, endpoint, EtherAddress(mac, int(port))
+                )
+    except BaseException:
+        network.close()
+        raise
+    return Rank(rank, size, "ether", network, node, endpoint, channels)
+
+
+def publish(directory: str, rank: int, text: str, kind: str = "addr") -> None:
+    """Publish ``text`` (an address) for ``rank`` in the rendezvous ``directory``."""
     # Write then rename: a reader sees the whole address or nothing (also on NFS).
-    path = os.path.join(directory, f"rank{rank}.addr")
+    path = os.path.join(directory, f"rank{rank}.{kind}")
     temporary = f"{path}.{os.getpid()}.tmp"
     with open(temporary, "w") as handle:
         handle.write(text)
     os.replace(temporary, path)
 
 
-def _wait_for(directory: str, rank: int, timeout: float) -> tuple[str, int]:
-    path = os.path.join(directory, f"rank{rank}.addr")
+def wait_for(directory: str, rank: int, timeout: float, kind: str = "addr") -> str:
+    """What ``rank`` published with :func:`publish`, waiting up to ``timeout`` seconds."""
+    path = os.path.join(directory, f"rank{rank}.{kind}")
     deadline = time.monotonic() + timeout
     delay = 0.001
     while True:
         try:
             with open(path) as handle:
-                host, _, port = handle.read().rpartition(":")
-            return host, int(port)
+                return handle.read()
         except FileNotFoundError:
             if time.monotonic() > deadline:
                 raise LaunchError(

@@ -7,7 +7,7 @@ import heapq
 
 import attrs
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from stacklib.errors import LocalProtocolError
@@ -24,7 +24,7 @@ from stacklib.layers.uam.machine import (
     UamMachine,
     UamState,
 )
-from stacklib.layers.uam.wire import CHUNK_SIZE, Pdu, PduType, build, parse
+from stacklib.layers.uam.wire import CHUNK_SIZE, Pdu, PduType, UamFormatError, build, parse
 
 RTO = 1.0  # seconds: round numbers make deadlines easy to check
 ACK_DELAY = 0.1
@@ -422,3 +422,76 @@ def test_exactly_once_in_order_under_any_faults(faults: dict[int, str], n: int, 
     assert link.got["a"] == [("reply", (i,)) for i in range(n) if i % 2]
     assert link.a.idle and link.b.idle
     assert "a" not in link.failed and "b" not in link.failed
+
+
+# --- the fast receive path (small PDUs decoded in one struct call) agrees with parse() ------
+
+
+@given(
+    st.one_of(
+        st.binary(max_size=32),
+        st.builds(
+            lambda kind, handler, seq, ack, args, nargs, reserved: (
+                bytes([kind, handler, seq >> 8, seq & 255, ack >> 8, ack & 255, nargs, reserved])
+                + b"".join(a.to_bytes(4, "big") for a in args)
+            ),
+            st.integers(0, 7),
+            st.sampled_from([0, 1, 255]),
+            st.sampled_from([0, 1, 0xFFFF]),
+            st.sampled_from([0, 1, 5]),
+            st.lists(st.integers(0, 2**32 - 1), max_size=5),
+            st.integers(0, 6),  # the nargs byte: often not the number of words that follow
+            st.sampled_from([0, 0xAB]),
+        ),
+    )
+)
+@example(bytes.fromhex("0300000100000000"))  # an ACK with a seq
+@example(bytes.fromhex("0301000000000000"))  # an ACK with a handler
+@example(bytes.fromhex("030000000000010000000005"))  # an ACK with an argument
+@example(bytes.fromhex("010100000000000000000005"))  # a word nargs does not announce
+@example(bytes.fromhex("0101000000000200000000050000"))  # not a multiple of 4
+def test_any_small_datagram_is_counted_as_parse_sees_it(data: bytes) -> None:
+    m = machine()
+    m.receive(data, 0.0)
+    stats = m.statistics()
+    try:
+        pdu = parse(data)
+    except UamFormatError:
+        assert stats.malformed == 1 and stats.received == 0
+        return
+    assert stats.malformed == 0
+    assert stats.stale_acks == (pdu.ack != 0)  # nothing sent: only ack 0 is current
+    if pdu.type is PduType.ACK:
+        assert stats.acks_received == 1 and stats.received == 0
+        return
+    distance = pdu.seq % 65536
+    assert stats.received == (distance == 0)
+    assert stats.duplicates == (distance >= 32768)
+    assert stats.out_of_order == (0 < distance < 32768)
+    if distance == 0 and pdu.type in (PduType.REQUEST, PduType.REPLY):
+        (event,) = events(m)
+        if pdu.type is PduType.REQUEST:
+            assert event == RequestReceived(handler=pdu.handler, args=pdu.args, token=0)
+        else:
+            assert event == ReplyReceived(handler=pdu.handler, args=pdu.args)
+
+
+def test_take_hands_out_requests_and_replies_as_tuples() -> None:
+    a, b = machine(), machine()
+    a.request(ECHO, (7, 8), 0.0)
+    for datagram in a.datagrams_to_send(0.0):
+        b.receive(datagram, 0.01)
+    taken = b.take()
+    assert taken == (int(PduType.REQUEST), ECHO, (7, 8), 0, None, b"")
+    b.reply(0, REPLY_TO, (9,), 0.01)  # its token is its seq, element 3
+    with pytest.raises(LocalProtocolError, match="once"):
+        b.reply(0, REPLY_TO, (9,), 0.01)
+    assert b.take() is None
+    for datagram in b.datagrams_to_send(0.01):
+        a.receive(datagram, 0.02)
+    assert a.take() == (int(PduType.REPLY), REPLY_TO, (9,), 0, None, b"")
+    assert a.statistics().unacked == 0  # the reply acknowledged the request
+    a.send_message(b"hi", 0.02)
+    for datagram in a.datagrams_to_send(0.02):
+        b.receive(datagram, 0.03)
+    assert b.take() == Delivered(data=b"hi")  # anything else comes as its event

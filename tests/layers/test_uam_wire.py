@@ -211,3 +211,22 @@ def test_build_rejects_bad_values(pdu: Pdu) -> None:
 def test_registered_for_decode() -> None:
     text = registry.decode("uam", bytes.fromhex("0107000100020000"))
     assert "REQUEST" in text
+
+
+@given(wire.pdus(max_data=8))
+def test_small_codecs_agree_with_build_and_parse(pdu: Pdu) -> None:
+    if pdu.bulk is not None:
+        return
+    nargs = len(pdu.args)
+    codec = wire.SMALL_CODECS[nargs]
+    packed = codec.pack(pdu.type, pdu.handler, pdu.seq, pdu.ack, nargs, *pdu.args)
+    assert packed == build(pdu)
+    kind, handler, seq, ack, count, *args = codec.unpack(packed)
+    assert (PduType(kind), handler, seq, ack, tuple(args)) == (
+        pdu.type,
+        pdu.handler,
+        pdu.seq,
+        pdu.ack,
+        pdu.args,
+    )
+    assert count == nargs

@@ -99,3 +99,29 @@ def test_bench_core_runs_small() -> None:
 def test_reproduce_runs() -> None:
     done = stacklib("reproduce", check=False)
     assert done.returncode in (0, 1)
+
+
+def test_bench_workload_on_a_transport() -> None:
+    done = stacklib(
+        "bench", "pingpong", "--transport", "memory", "--sizes", "40",
+        "--iterations", "20", "--compare", "kernel", "--json",
+    )  # fmt: skip
+    result = json.loads(done.stdout)
+    assert [row["path"] for row in result["rows"]] == ["memory", "kernel-udp", "kernel-tcp"]
+    assert all(row["gain"] > 0 for row in result["rows"][1:])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["pingpong"], "give a RECIPE or --transport"),
+        (["pingpong", "unet-memory-pingpong", "--transport", "shm"], "not both"),
+        (["pingpong", "unet-memory-pingpong", "--compare", "kernel"], "apply to --transport runs"),
+        (["pingpong", "--transport", "shm", "--netns"], "--netns applies to udp and ether"),
+        (["pingpong", "--transport", "memory", "--sizes", "-1"], "pingpong"),
+    ],
+)
+def test_bench_transport_misuse_exits_2(args: list[str], message: str) -> None:
+    done = stacklib("bench", *args, check=False)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr

@@ -74,6 +74,7 @@ RemoteAddress: TypeAlias = tuple[int | str, int]
 assumes the SPMD model, where every node registers the same regions in the same order."""
 
 _DATA_TYPES = frozenset({int(PduType.STORE), int(PduType.GET_REPLY)})
+_REQUEST = int(PduType.REQUEST)
 MAX_MESSAGE = 1 << 24  # the datagram face accepts any size; this bounds a single message
 
 
@@ -158,6 +159,8 @@ class UamService(ReliableService):
         self._failures: dict[int, str] = {}
         self._errors: deque[BaseException] = deque()
         self._closed = False
+        # The run's clock (UamLayer.open binds the clock's own method: one call, not three).
+        self._now: Callable[[], float] = trio.current_time
         self._kick_event = trio.Event()
         self._progress = trio.Event()
         self._arrival = trio.Event()
@@ -245,20 +248,23 @@ class UamService(ReliableService):
 
     def request_nowait(self, peer: int, handler: int | str, *args: int) -> None:
         """Send a request now, or raise :class:`trio.WouldBlock` if the window is full."""
-        machine = self._usable(peer)
+        machine = self._machines.get(peer)
+        if machine is None or self._closed or self._failures:
+            machine = self._usable(peer)
         if not machine.request_room:
             self.poll()  # paper 000 §5.1.2: a sender with a full window polls
             self._check_usable(peer)
             if not machine.request_room:
                 raise trio.WouldBlock
-        machine.request(self.handler_index(handler), args, trio.current_time())
+        index = handler if handler.__class__ is int else self.handler_index(handler)
+        machine.request(index, args, self._now())
         self._kick()
 
     async def request(self, peer: int, handler: int | str, *args: int) -> None:
         """Send a request (0-4 32-bit words) to ``handler`` of ``peer``; while the window is
         full, poll (run handlers) and wait.  Returns once the request is queued."""
         await self._wait_room(peer)
-        self._machines[peer].request(self.handler_index(handler), args, trio.current_time())
+        self._machines[peer].request(self.handler_index(handler), args, self._now())
         self._kick()
         await trio.lowlevel.cancel_shielded_checkpoint()
 
@@ -272,7 +278,8 @@ class UamService(ReliableService):
                 "(a reply handler may not reply: paper 000 §5)"
             )
         machine, token = current
-        machine.reply(token, self.handler_index(handler), args, trio.current_time())
+        index = handler if handler.__class__ is int else self.handler_index(handler)
+        machine.reply(token, index, args, self._now())
         self._current = None
         self._kick()
 
@@ -296,7 +303,7 @@ class UamService(ReliableService):
             data,
             self.handler_index(handler),
             args,
-            trio.current_time(),
+            self._now(),
         )
         self._kick()
         await self._wait_until(lambda: not machine.backlog, peer)
@@ -323,7 +330,7 @@ class UamService(ReliableService):
         await self._wait_room(peer)
         machine = self._machines[peer]
         region, offset = remote
-        xfer = machine.get(self.region_id(region), offset, nbytes, trio.current_time())
+        xfer = machine.get(self.region_id(region), offset, nbytes, self._now())
         self._gets[peer, xfer] = (local_region, local_offset, index, tuple(args))
         self._kick()
         await self._wait_until(lambda: not machine.backlog, peer)
@@ -334,7 +341,8 @@ class UamService(ReliableService):
         Raises (once) :class:`PeerUnreachable` for a peer that failed,
         :class:`RemoteProtocolError` for a get the peer refused, and whatever a handler raised.
         """
-        self._raise_pending()
+        if self._errors:
+            raise self._errors.popleft()
         if self._endpoint is not None:
             return self._poll_lean()
         count = 0
@@ -357,13 +365,27 @@ class UamService(ReliableService):
         if not nested:
             self._deferred = False
         count = 0
+        handlers = self._handlers
         try:
             if self._absorb(flush=False):
                 self._deferred = True
             for peer, machine in list(self._machines.items()):
-                while (event := machine.next_event()) is not None:
+                take = machine.take
+                while (taken := take()) is not None:
                     count += 1
-                    self._dispatch(peer, machine, event)
+                    if not isinstance(taken, tuple):
+                        self._dispatch(peer, machine, taken)
+                        continue
+                    # A request or a reply: no event object (the common case, kept short).
+                    handler = handlers[taken[1]]
+                    if handler is None:
+                        self.unknown_handler += 1
+                    elif taken[0] == _REQUEST:
+                        self._current = (machine, taken[3])
+                        handler(peer, *taken[2])
+                        self._current = None
+                    else:
+                        handler(peer, *taken[2])
         finally:
             self._current = None
             if not nested:
@@ -402,7 +424,7 @@ class UamService(ReliableService):
             raise LocalProtocolError(f"UAM: message of {len(data)} bytes exceeds {MAX_MESSAGE}")
         await self._wait_room(peer)
         machine = self._machines[peer]
-        machine.send_message(data, trio.current_time())
+        machine.send_message(data, self._now())
         self._kick()
         await self._wait_until(lambda: not machine.backlog, peer)
 
@@ -450,7 +472,7 @@ class UamService(ReliableService):
             machine = self._machines.get(peer)
             if machine is None:
                 machine = self._machines[peer] = self._new_machine()
-            machine.receive(datagram, trio.current_time())
+            machine.receive(datagram, self._now())
             if machine.pending:
                 self._arrival.set()
             self._kick()  # window room for the backlog, or an ACK owed for a duplicate
@@ -513,7 +535,7 @@ class UamService(ReliableService):
         machine = self._machines.get(peer)
         if machine is None:
             machine = self._machines[peer] = self._new_machine()
-        machine.receive(datagram, trio.current_time())
+        machine.receive(datagram, self._now())
 
     def _absorb(self, flush: bool = True) -> int:
         """Lean path: feed every datagram waiting at the endpoint to its machine; returns how
@@ -521,13 +543,22 @@ class UamService(ReliableService):
         endpoint = self._endpoint
         assert endpoint is not None
         poll = endpoint.poll
+        message = poll()
+        if message is None:
+            return 0
+        now = self._now()
+        machines = self._machines
         count = 0
-        while (message := poll()) is not None:
-            self._receive_one(message.channel, message.data)
+        while message is not None:
+            machine = machines.get(message.channel)
+            if machine is None:
+                machine = machines[message.channel] = self._new_machine()
+            machine.receive(message.data, now)
             count += 1
-        if count:
-            if flush:
-                self._flush()  # window room for the backlog, or an ACK owed for a duplicate
+            message = poll()
+        if flush:
+            self._flush()  # window room for the backlog, or an ACK owed for a duplicate
+        if self._sleepers:
             self._wake()
         return count
 
@@ -538,31 +569,34 @@ class UamService(ReliableService):
         endpoint = self._endpoint
         assert endpoint is not None
         send = endpoint.send_nowait
-        now = trio.current_time()
+        now = self._now()
+        unsent = self._unsent
         moved = False
         done = True
         earliest = math.inf
         for peer, machine in self._machines.items():
             datagrams = machine.datagrams_to_send(now)
-            waiting = self._unsent.get(peer)
-            if waiting:
-                waiting.extend(datagrams)
-                datagrams = list(waiting)
-                waiting.clear()
-            for index, datagram in enumerate(datagrams):
-                try:
-                    send(peer, datagram)
-                except trio.WouldBlock:
-                    self._unsent.setdefault(peer, deque()).extend(datagrams[index:])
-                    done = False
-                    break
-                moved = True
+            if unsent:
+                waiting = unsent.get(peer)
+                if waiting:
+                    waiting.extend(datagrams)
+                    datagrams = list(waiting)
+                    waiting.clear()
+            if datagrams:
+                for index, datagram in enumerate(datagrams):
+                    try:
+                        send(peer, datagram)
+                    except trio.WouldBlock:
+                        unsent.setdefault(peer, deque()).extend(datagrams[index:])
+                        done = False
+                        break
+                    moved = True
             timer = machine.get_timer()
             if timer is not None and timer < earliest:
                 earliest = timer
         if kick and (not done or earliest < self._pump_deadline):
             self._kick_event.set()
-        if moved:
+        if moved and self._sleepers:
             self._wake()  # the backlog moved: senders waiting for it may go on
         return done
 
@@ -575,7 +609,7 @@ class UamService(ReliableService):
             # an acknowledgment waiting at the endpoint must not be taken for a loss).
             if self._absorb(flush=False) and self._params.background_poll:
                 self._background_poll()
-            now = trio.current_time()
+            now = self._now()
             for machine in list(self._machines.values()):
                 timer = machine.get_timer()
                 if timer is not None and timer <= now:
@@ -590,7 +624,7 @@ class UamService(ReliableService):
                 if timer is not None:
                     deadline = min(deadline, timer)
             if not done:  # the endpoint's queues are full: try again soon
-                deadline = min(deadline, trio.current_time() + 20e-6)
+                deadline = min(deadline, self._now() + 20e-6)
             self._pump_deadline = deadline
             with trio.move_on_at(deadline):
                 await kick.wait()
@@ -603,7 +637,7 @@ class UamService(ReliableService):
             kick = self._kick_event = trio.Event()
             deadline = math.inf
             for peer, machine in list(self._machines.items()):
-                now = trio.current_time()
+                now = self._now()
                 timer = machine.get_timer()
                 if timer is not None and timer <= now:
                     machine.handle_timer(now)
@@ -666,12 +700,10 @@ class UamService(ReliableService):
             view = self._regions.get(event.region)
             if view is None or event.offset + event.total > len(view):
                 self.bad_address += 1
-                machine.reply_get(event.token, None, trio.current_time())
+                machine.reply_get(event.token, None, self._now())
                 return
             start = event.offset + event.chunk
-            machine.reply_get(
-                event.token, bytes(view[start : start + event.length]), trio.current_time()
-            )
+            machine.reply_get(event.token, bytes(view[start : start + event.length]), self._now())
         elif isinstance(event, GetReplyReceived):
             self._got(peer, event)
         elif isinstance(event, Delivered):
@@ -816,6 +848,7 @@ class UamLayer(Layer):
         """Run the layer over ``below`` and yield its :class:`UamService`."""
         self.require_below(below)
         service = UamService(typing.cast(DatagramService, below), self.params)
+        service._now = trio.lowlevel.current_clock().current_time
         if service._endpoint is not None:
             tasks = [(service._receive_lean, "uam receive"), (service._pump_lean, "uam pump")]
         else:

@@ -29,7 +29,8 @@ Inputs take ``now``: :meth:`~UamMachine.request`, :meth:`~UamMachine.reply`,
 :meth:`~UamMachine.store`, :meth:`~UamMachine.get`, :meth:`~UamMachine.reply_get`,
 :meth:`~UamMachine.send_message`, :meth:`~UamMachine.receive`,
 :meth:`~UamMachine.handle_timer`.  Outputs are pulled: :meth:`~UamMachine.datagrams_to_send`,
-:meth:`~UamMachine.next_event`, :meth:`~UamMachine.get_timer`.  Taking an event *is* handling
+:meth:`~UamMachine.next_event` (or :meth:`~UamMachine.take`, its allocation-free form for
+requests and replies), :meth:`~UamMachine.get_timer`.  Taking an event *is* handling
 it: a :class:`RequestReceived` (or :class:`GetReceived`) may be answered with one
 :meth:`~UamMachine.reply` (:meth:`~UamMachine.reply_get`) until the next event is taken; any
 other reply raises :class:`~stacklib.errors.LocalProtocolError` (a reply handler may not reply,
@@ -37,6 +38,10 @@ paper 000 §5: it would allow live-lock).
 
 States: OPEN --max_retries expiries without progress--> FAILED (final: sends raise, input is
 counted as ``ignored``).  Bad input never raises: it is dropped and counted.
+
+Speed (real transports, docs/uam.md): a well-formed REQUEST, REPLY or ACK is decoded with one
+struct call (``SMALL_CODECS``) and accepted without a :class:`Pdu`; every other datagram goes
+through :func:`~stacklib.layers.uam.wire.parse`, so what is counted for bad input is the same.
 """
 
 from __future__ import annotations
@@ -51,8 +56,10 @@ import attrs
 from stacklib.errors import LocalProtocolError
 from stacklib.layers.uam.wire import (
     CHUNK_SIZE,
+    HEADER_SIZE,
     MAX_ARGS,
     SEQ_MODULUS,
+    SMALL_CODECS,
     STATUS_BAD_ADDRESS,
     STATUS_OK,
     WORD_MAX,
@@ -66,6 +73,7 @@ from stacklib.layers.uam.wire import (
 
 __all__ = [
     "INBOX_REGION",
+    "Arrival",
     "Delivered",
     "Event",
     "GetReceived",
@@ -83,6 +91,8 @@ __all__ = [
 INBOX_REGION = 0xFFFF
 _HALF = SEQ_MODULUS // 2
 _MASK = SEQ_MODULUS - 1
+_REQUEST, _REPLY, _ACK = int(PduType.REQUEST), int(PduType.REPLY), int(PduType.ACK)
+_SMALL_MAX = HEADER_SIZE + 4 * MAX_ARGS  # the largest PDU without a bulk header
 
 
 class UamState(enum.Enum):
@@ -172,6 +182,10 @@ class PeerFailed:
     undelivered: int
 
 
+Arrival: TypeAlias = tuple[int, int, tuple[int, ...], int, Bulk | None, bytes]
+"""A PDU accepted in order and waiting for its handler: (type, handler, args, seq, bulk, data).
+:meth:`UamMachine.take` hands requests and replies out in this form."""
+
 Event: TypeAlias = (
     RequestReceived
     | ReplyReceived
@@ -222,6 +236,13 @@ class _Out:
 
 
 def _check_args(args: Sequence[int]) -> tuple[int, ...]:
+    if len(args) <= MAX_ARGS:
+        # The common case first: plain ints in range (one comparison chain per word).
+        for arg in args:
+            if arg.__class__ is not int or not 0 <= arg <= WORD_MAX:
+                break
+        else:
+            return args if isinstance(args, tuple) else tuple(args)
     if len(args) > MAX_ARGS:
         raise LocalProtocolError(f"UAM: at most {MAX_ARGS} argument words, got {len(args)}")
     for arg in args:
@@ -231,6 +252,8 @@ def _check_args(args: Sequence[int]) -> tuple[int, ...]:
 
 
 def _check_handler(handler: int) -> int:
+    if handler.__class__ is int and 0 <= handler <= 255:
+        return handler
     if isinstance(handler, bool) or not isinstance(handler, int) or not 0 <= handler <= 255:
         raise LocalProtocolError(f"UAM: handler index {handler!r} is not in 0..255")
     return handler
@@ -286,13 +309,13 @@ class UamMachine:
         # Receiver half.
         self._expected = initial_seq
         self._handled_through = initial_seq  # the ack we advertise
-        self._ready: deque[Pdu] = deque()
+        self._ready: deque[Arrival] = deque()
         self._owed = 0  # handled, not yet advertised
         self._ack_deadline: float | None = None
         self._ack_now = False
         self._open_token: int | None = None
         self._open_type: PduType | None = None
-        self._open_pdu: Pdu | None = None
+        self._open_pdu: Arrival | None = None
         self._inbox_parts: list[bytes] = []
         self._events: deque[Event] = deque()
         # Counters.
@@ -343,8 +366,12 @@ class UamMachine:
         Raises :class:`LocalProtocolError` when the window is full (``request_room == 0``:
         the driver polls and waits first), after failure, or for a bad handler or argument.
         """
-        out = _Out(PduType.REQUEST, _check_handler(handler), _check_args(args), credit=True)
-        self._check_room()
+        out = _Out(PduType.REQUEST, _check_handler(handler), _check_args(args), None, b"", True)
+        if (
+            self._state is not UamState.OPEN
+            or self._credits_used + len(self._backlog) >= self.window
+        ):
+            self._check_room()
         self._backlog.append(out)
 
     def store(
@@ -413,17 +440,23 @@ class UamMachine:
         """Reply to the request whose event carried ``token``: only while it is the event
         being handled, and once.  Replies do not wait for window space."""
         out = _Out(PduType.REPLY, _check_handler(handler), _check_args(args))
-        self._take_token(token, PduType.REQUEST)
+        if (
+            token != self._open_token
+            or self._open_type is not PduType.REQUEST
+            or self._state is UamState.FAILED
+        ):
+            self._take_token(token, PduType.REQUEST)  # raises, naming the rule broken
+        self._open_token = None
         self._assign(out, now)
 
     def reply_get(self, token: int, data: bytes | None, now: float) -> None:
         """Answer the :class:`GetReceived` that carried ``token`` with ``data``, or with a
         refusal (``None``: the address was outside the region or the region unknown)."""
         get = self._take_token(token, PduType.GET)
-        bulk = get.bulk
+        bulk = get[4]
         if bulk is None:  # pragma: no cover - parse guarantees a GET has a bulk header
             raise LocalProtocolError("UAM: the GET being answered has no bulk header")
-        length = get.args[0]
+        length = get[2][0]
         if data is not None and len(data) != length:
             raise LocalProtocolError(f"UAM: a GET of {length} bytes answered with {len(data)}")
         status = STATUS_OK if data is not None else STATUS_BAD_ADDRESS
@@ -436,6 +469,39 @@ class UamMachine:
         if self._state is UamState.FAILED:
             self._ignored += 1
             return
+        size = len(datagram)
+        if HEADER_SIZE <= size <= _SMALL_MAX and not size & 3:
+            # Fast path: a well-formed REQUEST, REPLY or ACK decodes in one struct call.  Any
+            # other datagram of these sizes goes through parse(), which counts what is wrong.
+            nargs = (size - HEADER_SIZE) >> 2
+            fields = SMALL_CODECS[nargs].unpack(datagram)
+            kind, handler, seq, ack = fields[0], fields[1], fields[2], fields[3]
+            if fields[4] == nargs:
+                if kind in (_REQUEST, _REPLY):
+                    unacked = self._unacked
+                    if unacked and ((ack - unacked[0].seq) & _MASK) == 1:
+                        # The common acknowledgment: exactly the oldest PDU (ping-pong).
+                        out = unacked.popleft()
+                        out.acked = True
+                        if out.credit:
+                            self._credits_used -= 1
+                        self._retries = 0
+                        self._deadline = now + self.rto if unacked else None
+                    elif unacked or ack != self._next_seq:
+                        self._on_ack(ack, now)
+                    ready = self._ready
+                    if seq == self._expected and len(ready) < 2 * self.window:
+                        self._expected = (seq + 1) & _MASK  # in order, and a buffer free
+                        self._received += 1
+                        ready.append((kind, handler, fields[5:], seq, None, b""))
+                    else:
+                        self._accept((kind, handler, fields[5:], seq, None, b""))
+                    return
+                if kind == _ACK and not (nargs or handler or seq):
+                    if self._unacked or ack != self._next_seq:
+                        self._on_ack(ack, now)
+                    self._acks_received += 1
+                    return
         try:
             pdu = parse(datagram)
         except UamFormatError:
@@ -445,14 +511,19 @@ class UamMachine:
         if pdu.type is PduType.ACK:
             self._acks_received += 1
             return
-        distance = (pdu.seq - self._expected) & _MASK
+        self._accept((int(pdu.type), pdu.handler, pdu.args, pdu.seq, pdu.bulk, pdu.data))
+
+    def _accept(self, arrival: Arrival) -> None:
+        """The sequence check of a PDU that parsed: accept it in order, or count it."""
+        seq = arrival[3]
+        distance = (seq - self._expected) & _MASK
         if distance == 0:
             if len(self._ready) >= 2 * self.window:
                 self._no_buffer += 1  # no arrival buffer: the sender will resend it
                 return
-            self._expected = (pdu.seq + 1) & _MASK
+            self._expected = (seq + 1) & _MASK
             self._received += 1
-            self._ready.append(pdu)
+            self._ready.append(arrival)
         elif distance >= _HALF:
             # Already accepted: our acknowledgment was lost or is late.  Confirm again.
             self._duplicates += 1
@@ -483,26 +554,48 @@ class UamMachine:
         """The datagrams to transmit to the peer now, in order; each is returned once."""
         if self._state is UamState.FAILED:
             return []
-        while self._backlog and self._credits_used < self.window:
-            self._assign(self._backlog.popleft(), now)
+        backlog = self._backlog
+        while backlog and self._credits_used < self.window:
+            self._assign(backlog.popleft(), now)
         ack = self._handled_through
         out = []
-        for item in self._to_send:
-            if item.acked:
-                continue
-            if item.transmissions:
-                self._retransmitted += 1
-            else:
-                self._sent += 1
-            item.transmissions += 1
-            out.append(
-                build(Pdu(item.type, item.seq, ack, item.handler, item.args, item.bulk, item.data))
-            )
-        self._to_send = []
-        if out:
-            self._advertised()
-            return out
+        if self._to_send:
+            for item in self._to_send:
+                if item.acked:
+                    continue
+                if item.transmissions:
+                    self._retransmitted += 1
+                else:
+                    self._sent += 1
+                item.transmissions += 1
+                if item.bulk is None:  # REQUEST or REPLY: one struct call
+                    args = item.args
+                    out.append(
+                        SMALL_CODECS[len(args)].pack(
+                            item.type, item.handler, item.seq, ack, len(args), *args
+                        )
+                    )
+                else:
+                    out.append(
+                        build(
+                            Pdu(
+                                item.type,
+                                item.seq,
+                                ack,
+                                item.handler,
+                                item.args,
+                                item.bulk,
+                                item.data,
+                            )
+                        )
+                    )
+            self._to_send = []
+            if out:
+                self._advertised()
+                return out
         owed = self._owed
+        if not (owed or self._ack_now):
+            return out
         if owed and self._ack_deadline is None:
             self._ack_deadline = now + self.ack_delay
         if self._ack_now or (
@@ -514,23 +607,44 @@ class UamMachine:
         ):
             self._acks_sent += 1
             self._advertised()
-            return [build(Pdu(PduType.ACK, ack=ack))]
+            return [SMALL_CODECS[0].pack(_ACK, 0, 0, ack, 0)]
         return out
 
     def next_event(self) -> Event | None:
         """Take the next event, or None.  Taking it means its handler runs now: the message
         counts as handled (and will be acknowledged), and the previous request can no longer
         be replied to."""
+        taken = self.take()
+        if not isinstance(taken, tuple):
+            return taken
+        kind, handler, args, seq = taken[0], taken[1], taken[2], taken[3]
+        if kind == _REQUEST:
+            return RequestReceived(handler=handler, args=args, token=seq)
+        return ReplyReceived(handler=handler, args=args)
+
+    def take(self) -> Arrival | Event | None:
+        """:meth:`next_event` without the event object for the two common cases: a request
+        or a reply comes as its :data:`Arrival` tuple (a request's token is its seq, element
+        3), anything else as its event.  Same rules: taking it means its handler runs now."""
         self._open_token = None
         if self._events:
             return self._events.popleft()
         ready = self._ready
         while ready:
-            pdu = ready.popleft()
-            self._handled_through = (pdu.seq + 1) & _MASK
+            arrival = ready.popleft()
+            seq = arrival[3]
+            self._handled_through = (seq + 1) & _MASK
             self._owed += 1
             self._handled += 1
-            event = self._event(pdu)
+            kind = arrival[0]
+            if kind == _REQUEST:
+                self._open_token = seq
+                self._open_type = PduType.REQUEST
+                self._open_pdu = arrival
+                return arrival
+            if kind == _REPLY:
+                return arrival
+            event = self._event(arrival)
             if event is not None:
                 return event
         return None
@@ -585,7 +699,7 @@ class UamMachine:
         self._next_xfer = (xfer + 1) & _MASK
         return xfer
 
-    def _take_token(self, token: int, kind: PduType) -> Pdu:
+    def _take_token(self, token: int, kind: PduType) -> Arrival:
         if self._state is UamState.FAILED:
             raise LocalProtocolError("UAM: the peer failed; nothing more can be sent to it")
         pdu = self._open_pdu
@@ -633,51 +747,43 @@ class UamMachine:
         self._ack_now = False
         self._ack_deadline = None
 
-    def _event(self, pdu: Pdu) -> Event | None:
-        kind = pdu.type
-        if kind is PduType.REQUEST:
-            self._open(pdu)
-            return RequestReceived(handler=pdu.handler, args=pdu.args, token=pdu.seq)
-        if kind is PduType.REPLY:
-            return ReplyReceived(handler=pdu.handler, args=pdu.args)
-        bulk = pdu.bulk
+    def _event(self, arrival: Arrival) -> Event | None:
+        """The event of a bulk PDU (requests and replies are handed out by :meth:`take`)."""
+        kind, handler, args, seq, bulk, data = arrival
         if bulk is None:  # pragma: no cover - parse guarantees bulk types have one
             return None
-        if kind is PduType.STORE:
+        if kind == PduType.STORE:
             if bulk.region == INBOX_REGION:
-                return self._inbox(pdu.data, bulk)
+                return self._inbox(data, bulk)
             return StoreReceived(
                 region=bulk.region,
                 offset=bulk.offset,
                 total=bulk.total,
                 chunk=bulk.chunk,
-                data=pdu.data,
-                handler=pdu.handler,
-                args=pdu.args,
+                data=data,
+                handler=handler,
+                args=args,
             )
-        if kind is PduType.GET:
-            self._open(pdu)
+        if kind == PduType.GET:
+            self._open_token = seq
+            self._open_type = PduType.GET
+            self._open_pdu = arrival
             return GetReceived(
                 region=bulk.region,
                 offset=bulk.offset,
                 total=bulk.total,
                 chunk=bulk.chunk,
-                length=pdu.args[0],
+                length=args[0],
                 xfer=bulk.xfer,
-                token=pdu.seq,
+                token=seq,
             )
         return GetReplyReceived(
             xfer=bulk.xfer,
             total=bulk.total,
             chunk=bulk.chunk,
-            data=pdu.data,
-            ok=pdu.handler == STATUS_OK,
+            data=data,
+            ok=handler == STATUS_OK,
         )
-
-    def _open(self, pdu: Pdu) -> None:
-        self._open_token = pdu.seq
-        self._open_type = pdu.type
-        self._open_pdu = pdu
 
     def _inbox(self, data: bytes, bulk: Bulk) -> Delivered | None:
         parts = self._inbox_parts

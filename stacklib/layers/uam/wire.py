@@ -71,6 +71,7 @@ __all__ = [
     "MAX_ARGS",
     "MAX_OVERHEAD",
     "SEQ_MODULUS",
+    "SMALL_CODECS",
     "Bulk",
     "Pdu",
     "PduType",
@@ -177,6 +178,14 @@ _pack_header = HEADER_CODEC.pack
 _unpack_bulk = BULK_CODEC.unpack
 _pack_bulk = BULK_CODEC.pack
 _ARGS = [struct.Struct(f">{n}I") for n in range(MAX_ARGS + 1)]
+SMALL_CODECS = tuple(
+    struct.Struct(HEADER_CODEC.format[:-1] + "x" + "I" * n) for n in range(MAX_ARGS + 1)
+)
+"""A whole PDU without a bulk header (REQUEST, REPLY, ACK) with ``n`` argument words, as one
+struct derived from :data:`HEADER_CODEC`: fields type, handler, seq, ack, nargs, then the
+words (the reserved byte is written as zero and not read).  The machine's fast path packs and
+unpacks the common small PDU in one call; the tests check it against :func:`build` and
+:func:`parse`."""
 
 
 @attrs.frozen
