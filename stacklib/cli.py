@@ -133,6 +133,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
             repeat=args.repeat,
             only=args.only,
         )
+    elif args.bench == "single-copy":
+        from stacklib.bench import single_copy
+
+        result = single_copy.bench_single_copy(
+            count=args.count, repeat=args.repeat, window=args.window
+        )
     elif args.transport is not None:
         result = _bench_transport(args)
     else:
@@ -219,7 +225,7 @@ def cmd_spawn(args: argparse.Namespace) -> int:
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from stacklib.reproduce import run_experiments
 
-    return run_experiments(only=args.only, as_json=args.json, plots=args.plots)
+    return run_experiments(only=args.only, as_json=args.json, plots=args.plots, everything=args.all)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -317,6 +323,18 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeat", type=int, default=3, help="runs of each; the best is kept")
     b.add_argument("--json", action="store_true", help="print JSON")
     b.set_defaults(func=cmd_bench)
+    b = benches.add_parser(
+        "single-copy",
+        help="U-Net/MM single-copy transfers by the OS service vs the shm ring path",
+        description="64 KiB and 1 MiB transfers copied once by the daemon with cross-memory "
+        "attach (requests on its socket or its polled queue) vs the shm ring path, in one run "
+        "(paper 002 §7.2; docs/single-copy.md).",
+    )
+    b.add_argument("--count", type=int, default=400, help="transfers per size and path")
+    b.add_argument("--window", type=int, default=8, help="transfers in flight")
+    b.add_argument("--repeat", type=int, default=5, help="runs of each; the best is kept")
+    b.add_argument("--json", action="store_true", help="print JSON")
+    b.set_defaults(func=cmd_bench)
     for name, summary in (
         ("pingpong", "round-trip time vs message size (paper 000 Fig 3)"),
         ("bandwidth", "unidirectional, ping-pong and simultaneous bandwidth (paper 004 §4.2)"),
@@ -375,6 +393,11 @@ def build_parser() -> argparse.ArgumentParser:
         "outside its stated tolerance.",
     )
     p.add_argument("--only", metavar="NAME", action="append", help="run only these experiments")
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="also run the experiments that run only when named (long, or being calibrated)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--plots", metavar="DIR", help="also draw plots into DIR (needs matplotlib)")
     p.set_defaults(func=cmd_reproduce)
