@@ -1,6 +1,8 @@
 """``stacklib`` subcommands for U-Net/MM (paper 002 §6.2): buffer traces and the TLB simulator.
 
     stacklib trace record -o FILE RECIPE   run a recipe, record every send/receive buffer
+    stacklib trace record -o FILE --splitc PROGRAM [-n N] [--scale S]
+                                           the same for a Split-C benchmark (paper 002 §6.2)
     stacklib trace show FILE               summarize a trace
     stacklib tlbsim TRACE... --entries 256,1024 --victim 16 [--plot FILE]
                                            replay traces through NI TLBs (Fig 3)
@@ -61,17 +63,41 @@ def cmd_trace(args: argparse.Namespace) -> int:
     from stacklib.unet.mm.trace import TraceRecorder, parse_trace
 
     if args.action == "record":
-        from stacklib.recipes import run_recipe
+        if (args.recipe is None) == (args.splitc is None):
+            print("stacklib trace record: give a RECIPE or --splitc PROGRAM", file=sys.stderr)
+            return 2
+        if args.splitc is not None:
+            from stacklib.experiments.mm import record_splitc
+            from stacklib.unet.mm.trace import build_trace
 
-        recipe = _load_recipe(args.recipe, args.set)
-        recorder = TraceRecorder()
-        with recorder.installed():
-            run_recipe(recipe, seed=args.seed)
-        Path(args.output).write_bytes(recorder.to_bytes())
-        tx = sum(1 for r in recorder.records if r.direction == 0)
+            try:
+                records = record_splitc(
+                    args.splitc,
+                    args.n,
+                    scale=args.scale,
+                    transport=args.transport,
+                    seed=1 if args.seed is None else args.seed,
+                )
+            except (KeyError, ValueError) as error:
+                print(f"stacklib trace record: {error}", file=sys.stderr)
+                return 2
+            data = build_trace(records)
+            source = f"Split-C {args.splitc} on {args.n} ranks, scale 1/{args.scale}"
+            if args.scale != 1:
+                source += f" (replay with --page-size {4096 // args.scale} --rx-buffers 0)"
+        else:
+            from stacklib.recipes import run_recipe
+
+            recipe = _load_recipe(args.recipe, args.set)
+            recorder = TraceRecorder()
+            with recorder.installed():
+                run_recipe(recipe, seed=args.seed)
+            records, data, source = recorder.records, recorder.to_bytes(), recipe.name
+        Path(args.output).write_bytes(data)
+        tx = sum(1 for r in records if r.direction == 0)
         print(
-            f"{args.output}: {len(recorder.records)} buffers ({tx} transmit, "
-            f"{len(recorder.records) - tx} receive) from {recipe.name}"
+            f"{args.output}: {len(records)} buffers ({tx} transmit, "
+            f"{len(records) - tx} receive) from {source}"
         )
         return 0
     trace = parse_trace(Path(args.file).read_bytes())
@@ -112,8 +138,9 @@ def cmd_tlbsim(args: argparse.Namespace) -> int:
                     entries=entries,
                     victim=args.victim,
                     ways=args.ways,
+                    page_size=args.page_size,
                     rx_buffers=args.rx_buffers,
-                    rx_buffer_size=args.rx_buffer_size,
+                    rx_buffer_size=args.rx_buffer_size or args.page_size,
                     label=Path(name).stem,
                 )
             )
@@ -158,9 +185,28 @@ def add_commands(commands: argparse._SubParsersAction[Any]) -> None:
     )
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     r = actions.add_parser("record", help="run RECIPE and write its buffer trace to FILE")
-    r.add_argument("recipe", metavar="RECIPE", help="recipe name or path")
+    r.add_argument("recipe", metavar="RECIPE", nargs="?", help="recipe name or path")
     r.add_argument("-o", "--output", required=True, metavar="FILE", help="trace file to write")
     r.add_argument("--seed", type=int, default=None, help="override the recipe's seed")
+    r.add_argument(
+        "--splitc",
+        metavar="PROGRAM",
+        help="trace a Split-C benchmark instead (mm128, mm16, rsortlg, ssortsm, ssortlg: "
+        "paper 002 §6.2's sizes; or any of `stacklib splitc list`)",
+    )
+    r.add_argument("-n", type=int, default=8, help="Split-C ranks (8)")
+    r.add_argument(
+        "--scale",
+        type=int,
+        default=1,
+        help="divide every Split-C byte count (data, page, UAM buffer) by this (1; 64 runs "
+        "in seconds)",
+    )
+    r.add_argument(
+        "--transport",
+        default="sim-memory",
+        help="Split-C cluster transport (sim-memory: virtual time, deterministic)",
+    )
     r.add_argument(
         "--set",
         action="append",
@@ -197,7 +243,13 @@ def add_commands(commands: argparse._SubParsersAction[Any]) -> None:
         default=64,
         help="receive buffers per process (64, paper 002 §6.2); 0 uses the recorded addresses",
     )
-    p.add_argument("--rx-buffer-size", type=int, default=4096, help="bytes each (4096)")
+    p.add_argument("--rx-buffer-size", type=int, default=None, help="bytes each (one page)")
+    p.add_argument(
+        "--page-size",
+        type=int,
+        default=4096,
+        help="page size of the trace (4096; a Split-C trace at scale 1/S: 4096/S)",
+    )
     p.add_argument("--plot", metavar="FILE", help="draw stacked bars like Fig 3 (matplotlib)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_tlbsim)
