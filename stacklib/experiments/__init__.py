@@ -5,4 +5,4 @@ Importing this package registers them with :mod:`stacklib.reproduce`.
 
 from __future__ import annotations
 
-from stacklib.experiments import mm, network_interfaces, splitc, tcpip, uam  # noqa: F401
+from stacklib.experiments import mm, myrinet, network_interfaces, splitc, tcpip, uam  # noqa: F401

@@ -53,3 +53,16 @@ def test_same_seed_same_numbers() -> None:
     first = logp_of.__wrapped__("pm", (16,))  # bypass the cache: two fresh simulations
     second = logp_of.__wrapped__("pm", (16,))
     assert first.rows == second.rows
+
+
+def test_am_pays_a_round_trip_per_long_message_yet_streams_long_ones_at_copy_speed() -> None:
+    am = logp_of("am", (4096,))
+    g, os_ = column(am, "g_us")[4096], column(am, "os_us")[4096]
+    # One bulk buffer held until the reply: g is the round trip, well above the send's cost.
+    assert g > os_ + 30.0
+    sim, session = open_session("am")
+    params = BandwidthParams(sizes=(4096, 131072), messages=6, warmup=1, modes=("unidirectional",))
+    uni = rows_of(sim.run(run_bandwidth, session, params), "unidirectional")
+    # 128 KB stores are copied and DMAed fragment by fragment: the copy sets the rate.
+    assert number(uni[131072], "mb_s") > 1.8 * number(uni[4096], "mb_s")
+    assert number(uni[131072], "mb_s") > 50.0

@@ -14,10 +14,18 @@ request, but also implicitly handles a reply, if one has arrived", paper 004 §4
 FIFO; network errors are not tolerated (Table 1).
 
 Data paths (Table 2): short requests (up to ``short_bytes``) are written into the NI by PIO
-with write combining; longer ones are first copied into a library buffer, which the LANai then
-DMAs from, and the send waits until that DMA has finished (Table 3: both stages in Os; sends
-are synchronous, §4.1).  At the receiver the LANai DMAs packets into library buffers and the
-handler's data is copied out to the application (Or grows with size, §4.1.4).
+with write combining.  A longer request is a bulk store: the library copies it into its bulk
+send buffer one NI buffer (``fragment_bytes``) at a time, and the LANai DMAs each fragment out
+while the next is copied; the request returns when the last fragment has left host memory
+(Table 3: both stages in Os; sends are synchronous, §4.1).  The library keeps that copy until
+the store's reply comes back (Table 2, Reliability: Library+Copy), so with one bulk buffer a
+sender has one store in flight: every long message costs a round trip (§2: "every network
+operation involves a round trip message exchange").  At the receiver the LANai DMAs each
+fragment into a library buffer once it is whole in SRAM; the handler runs when the last one
+has landed, its reply leaves at once, and the data is then copied to the application (Or
+grows with size, §4.1.4).  That round trip is what makes a 4 KB message slow (RTT/2 197.9 us,
+g 153.5 us, Figs 4-5) while long messages, up to ``max_request`` per store, stream at the copy
+rate (60-70 MB/s, abstract).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from collections.abc import Callable
 from typing import ClassVar
 
 import attrs
+import trio
 
 from stacklib.layers.myrinet.base import (
     ImplChoices,
@@ -74,16 +83,29 @@ class GamParams:
         "bytes",
     )
     send_buffers: int = estimate(
-        2,
-        "DMA-able library send buffers: a send copies into a free one and the LANai drains "
-        "it while the next copy runs",
+        1,
+        "bulk send buffers: each keeps its store's copy until the reply returns (Table 2, "
+        "Reliability: Library+Copy); one gives the round trip per long message that the 4 KB "
+        "points of Figs 4-5 (197.9 and 153.5 us) show",
         "buffers",
+    )
+    fragment_bytes: int = estimate(
+        4096,
+        "one NI buffer (a page): a store is copied and DMAed fragment by fragment",
+        "bytes",
     )
     tokens: int = estimate(8, "outstanding requests per receiver", "requests")
     max_request: int = estimate(
-        8192,
-        "largest request; the benchmarks packetize longer messages (paper 004 §4.1)",
+        131072,
+        "largest store, the size of the bulk buffer; the benchmarks packetize longer messages "
+        "(paper 004 §4.1)",
         "bytes",
+    )
+    rx_store_and_forward: bool = estimate(
+        True,
+        "GAM's LCP starts the NI-to-host DMA when a packet is whole in SRAM, after its CRC "
+        "(paper 004 §3), rather than behind the arriving bytes",
+        "",
     )
 
 
@@ -145,6 +167,8 @@ class Gam(MyrinetLibrary):
         self._in_handler = False
         self._partial: dict[int, list[bytes]] = {}
         self._buffers_busy = 0
+        #: Per peer, whether each request awaiting its reply was a bulk store (FIFO, §2).
+        self._pending: dict[int, deque[bool]] = {}
 
     @classmethod
     def open(cls, cluster: Lanai4Cluster, params: GamParams | None = None) -> list[Gam]:
@@ -179,40 +203,68 @@ class Gam(MyrinetLibrary):
         p = self.params
         if len(raw) > p.max_request:
             raise LibraryError(f"GAM: a request carries at most {p.max_request} bytes")
+        bulk = len(raw) > p.short_bytes
         await self.poll()
-        while self._tokens[peer] == 0:
-            await self.wait_until(lambda: bool(self._arrived))
+
+        # Replies return tokens and free the bulk buffer, so waiting means polling for them.
+        def held() -> bool:
+            return self._tokens[peer] == 0 or (bulk and self._buffers_busy >= p.send_buffers)
+
+        while held():
+            await self.wait_until(lambda: bool(self._arrived) or not held())
             await self.poll()
         self._tokens[peer] -= 1
+        self._pending.setdefault(peer, deque()).append(bulk)
         packet = Packet(self.index, raw, kind="request", tag=handler, piece=piece)
-        await self._transmit(peer, packet, p.request_us)
+        with trio.CancelScope(shield=True):  # a request, once started, goes out whole
+            if bulk:
+                await self._store(peer, packet)
+            else:
+                await self._transmit(peer, packet, p.request_us)
         self.counters["requests"] += 1
 
     async def _transmit(self, peer: int, packet: Packet, software_us: float) -> None:
+        """A short message (request or reply): PIO with write combining into the NI."""
         p = self.params
-        platform = self.platform
-        size = len(packet.data)
-        packet.nbytes = size + p.header_bytes
-        if size <= p.short_bytes:
-            await self.host(software_us * US + platform.pio_write(packet.nbytes, True))
-            self.inject(peer, packet, self.world.now(), lcp_cycles=p.lcp_send_cycles, dma=False)
-            return
-        # Copy into a free DMA-able library buffer; the LANai pulls it from there.
-        await self.wait_until(lambda: self._buffers_busy < p.send_buffers)
-        self._buffers_busy += 1
-        await self.host(software_us * US + platform.copy(size, self._footprint(packet)))
-        out, _ = self.inject(peer, packet, self.world.now(), lcp_cycles=p.lcp_send_cycles, dma=True)
-        self.at(out, self._buffer_free)
+        if len(packet.data) > p.short_bytes:
+            raise LibraryError(f"GAM: a short message carries at most {p.short_bytes} bytes")
+        packet.nbytes = len(packet.data) + p.header_bytes
+        await self.host(software_us * US + self.platform.pio_write(packet.nbytes, True))
+        self.inject(peer, packet, self.world.now(), lcp_cycles=p.lcp_send_cycles, dma=False)
 
-    def _buffer_free(self) -> None:
-        self._buffers_busy -= 1
-        self.notify()
+    async def _store(self, peer: int, packet: Packet) -> None:
+        """A bulk request: copy into the bulk buffer and DMA out, one NI buffer at a time."""
+        p = self.params
+        self._buffers_busy += 1
+        data = packet.data
+        step = p.fragment_bytes
+        count = -(-len(data) // step)
+        footprint = self._footprint(packet)
+        software = p.request_us * US
+        out = self.world.now()
+        for i in range(count):
+            chunk = data[i * step : (i + 1) * step]
+            await self.host(software + self.platform.copy(len(chunk), footprint))
+            software = 0.0
+            last = i == count - 1
+            # The last fragment carries the request; the others only fill the receiver's buffer.
+            frag = packet if last else Packet(self.index, chunk, kind="fragment")
+            frag.nbytes = len(chunk) + p.header_bytes
+            out, _ = self.inject(
+                peer, frag, self.world.now(), lcp_cycles=p.lcp_send_cycles, dma=True
+            )
+        # Synchronous: the send returns once the data is out of the bulk buffer (Table 3: Os).
+        await self.host_until(out)
 
     # --- receiving ---------------------------------------------------------------------
 
     def arrive(self, packet: Packet, first: float, last: float) -> None:
-        done = self.to_host(packet, first, last, self.params.lcp_recv_cycles)
-        self.at(done, self._landed, packet)
+        p = self.params
+        start = last if p.rx_store_and_forward and packet.nbytes > p.short_bytes else first
+        t = self.lanai(self.node, start, p.lcp_recv_cycles)
+        _, done = self.cluster.dma(self.node, "n2h", max(packet.nbytes, 4), t, max(t, last))
+        if packet.kind != "fragment":
+            self.at(done, self._landed, packet)
 
     def _landed(self, packet: Packet) -> None:
         self._arrived.append(packet)
@@ -223,36 +275,53 @@ class Gam(MyrinetLibrary):
         if self._in_handler:
             raise LibraryError("GAM: a handler may not poll")
         ran = 0
-        p = self.params
         while self._arrived:
             packet = self._arrived.popleft()
-            is_request = packet.kind == "request"
-            handlers = self.request_handlers if is_request else self.reply_handlers
-            if not 0 <= packet.tag < len(handlers):
-                self.drop("unknown_handler")
-                continue
-            cost = p.handler_us * US
-            if len(packet.data) > p.short_bytes:
-                # out of the library buffer into the application's
-                cost += self.platform.copy(len(packet.data), self._footprint(packet))
-            await self.host(cost)
-            token = Token(self, packet.src, is_request, packet.piece)
-            self._in_handler = True
-            try:
-                handlers[packet.tag](token, packet.data)
-            finally:
-                self._in_handler = False
-            ran += 1
-            if is_request:
-                handler, data = token.replies[0] if token.replies else (0, b"")
-                if not token.replies:
-                    self.counters["automatic_replies"] += 1
-                reply = Packet(self.index, data, kind="reply", tag=handler)
-                await self._transmit(packet.src, reply, p.reply_us)
-            else:
-                self._tokens[packet.src] += 1
-                self.counters["replies"] += 1
+            # A handled message must finish (its reply frees the requester's buffer) even if
+            # the poll that took it is cancelled.
+            with trio.CancelScope(shield=True):
+                ran += await self._handle(packet)
         return ran
+
+    async def _handle(self, packet: Packet) -> int:
+        p = self.params
+        is_request = packet.kind == "request"
+        handlers = self.request_handlers if is_request else self.reply_handlers
+        if not 0 <= packet.tag < len(handlers):
+            self.drop("unknown_handler")
+            if is_request:  # the requester's token and buffer still come back
+                await self._transmit(packet.src, Packet(self.index, b"", kind="reply"), 0.0)
+            else:
+                self._replied(packet.src)
+            return 0
+        await self.host(p.handler_us * US)
+        token = Token(self, packet.src, is_request, packet.piece)
+        self._in_handler = True
+        try:
+            handlers[packet.tag](token, packet.data)
+        finally:
+            self._in_handler = False
+        if is_request:
+            handler, data = token.replies[0] if token.replies else (0, b"")
+            if not token.replies:
+                self.counters["automatic_replies"] += 1
+            reply = Packet(self.index, data, kind="reply", tag=handler)
+            await self._transmit(packet.src, reply, p.reply_us)
+            if len(packet.data) > p.short_bytes:
+                # then out of the library buffer into the application's (Table 3: Or)
+                await self.host(self.platform.copy(len(packet.data), self._footprint(packet)))
+        else:
+            self._replied(packet.src)
+            self.counters["replies"] += 1
+        return 1
+
+    def _replied(self, src: int) -> None:
+        """A reply from ``src``: its token returns, and a store's bulk buffer is free again."""
+        self._tokens[src] += 1
+        pending = self._pending.get(src)
+        if pending and pending.popleft():
+            self._buffers_busy -= 1
+        self.notify()
 
     def _footprint(self, packet: Packet) -> int:
         """The memory a stream of copies keeps touching, scaled to the cited cache knee."""

@@ -132,3 +132,76 @@ def test_a_request_for_an_unknown_handler_is_dropped_and_counted() -> None:
         return dict(b.statistics())
 
     assert simulate(body)["lost.unknown_handler"] == 1
+
+
+def test_a_long_request_holds_the_bulk_buffer_until_its_reply_returns() -> None:
+    async def body(cluster: Lanai4Cluster) -> tuple[float, float]:
+        a, b = Gam.open(cluster)
+        start = trio.current_time()
+        await a.request(1, 0, bytes(4096))
+        first = trio.current_time() - start
+
+        async def serve() -> None:
+            await trio.sleep(1e-3)  # the receiver polls only after 1 ms
+            await b.poll()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve)
+            await a.request(1, 0, bytes(4096))  # waits for the first store's reply
+        return first, trio.current_time() - start
+
+    first, second = simulate(body)
+    assert first < 200e-6  # copy and DMA out, no round trip
+    assert second > 1e-3
+
+
+def test_short_requests_do_not_wait_for_the_bulk_buffer() -> None:
+    async def body(cluster: Lanai4Cluster) -> float:
+        a, _ = Gam.open(cluster)
+        await a.request(1, 0, bytes(4096))
+        start = trio.current_time()
+        await a.request(1, 0, b"short")
+        return trio.current_time() - start
+
+    assert simulate(body) < 20e-6
+
+
+def test_messages_over_one_store_arrive_whole_while_both_nodes_send_and_receive() -> None:
+    message = bytes(range(256)) * 1024  # 256 KB: two stores of eight fragments each
+
+    async def body(cluster: Lanai4Cluster) -> list[bytes]:
+        libs = Gam.open(cluster)
+        got: list[bytes] = []
+
+        async def sender(lib: Gam) -> None:
+            for data in (message, message[::-1]):
+                await lib.send(1 - lib.index, data)
+
+        async def node(lib: Gam) -> None:
+            # The receiving task's polls take the replies the sending task waits for.
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(sender, lib)
+                for _ in range(2):
+                    got.append((await lib.recv())[1])
+
+        with trio.fail_after(1.0):
+            async with trio.open_nursery() as nursery:
+                for lib in libs:
+                    nursery.start_soon(node, lib)
+        return got
+
+    got = simulate(body)
+    assert got.count(message) == 2 and got.count(message[::-1]) == 2
+
+
+def test_a_request_over_the_largest_store_is_refused() -> None:
+    async def body(cluster: Lanai4Cluster) -> None:
+        a, _ = Gam.open(cluster)
+        await a.request(1, 0, bytes(a.params.max_request + 1))
+
+    try:
+        simulate(body)
+    except LibraryError as error:
+        assert "at most" in str(error)
+    else:
+        raise AssertionError("an oversized request was sent")
