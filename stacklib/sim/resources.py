@@ -98,6 +98,28 @@ class Resource:
         if not world._charge_inline(end):
             await world._park_until(end)
 
+    def try_charge(self, duration: float) -> bool:
+        """:meth:`use` when it would not park (the inline charge, world.py), without a
+        coroutine: True if the hold is done and the clock moved past it; False, with nothing
+        held, if the calling task must ``await use(duration)`` (the real world, a bad duration,
+        or a charge that has to park: another task could run, an event or deadline falls
+        within it, or a cancellation is pending).  From a heap callback it is always False:
+        only a task can be charged this way (a callback holds with :meth:`hold`)."""
+        world = self.world
+        if not world.virtual or not 0.0 <= duration < math.inf:
+            return False
+        # use()'s arithmetic; the clock moves only if the inline charge applies, and the
+        # counters are updated after it, as nothing reads them in between.
+        now = world.now()
+        busy_until = self.busy_until
+        end = (busy_until if busy_until > now else now) + duration
+        if not world._charge_inline(end):
+            return False
+        self.holds += 1
+        self.busy_time += duration
+        self.busy_until = end
+        return True
+
     def utilization(self, elapsed: float) -> float:
         """Fraction of ``elapsed`` seconds spent holding (``busy_time / elapsed``).
 

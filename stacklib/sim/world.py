@@ -35,6 +35,8 @@ itself and the task goes on, sparing a pass of trio's loop (about 4 us), with th
 the same order of everything else (an equal-time event or deadline makes it park) and the same
 checkpoint counters.  Only the simulator's own statistics differ (fewer events, wake-ups and
 passes); ``Simulation(inline_charges=False)`` parks for every charge, for comparison.
+:meth:`Resource.try_charge` is the same test without a coroutine (``Endpoint.send`` charges its
+host cost with it and awaits ``use`` only when it says no); heap callbacks never pass it.
 
 Whether an event woke a task is known from the clock's instrument counting ``task_scheduled``,
 so callbacks may use any trio primitive that works outside a task (``Event.set``, memory
@@ -342,37 +344,19 @@ class Simulation(World):
     def _sleep_time(self, deadline: float) -> float:
         """trio's run queue is empty: run the events due up to ``deadline``, then answer trio."""
         heap = self._heap
-        if heap and heap[0][0] <= deadline and not self._stopped:
-            if self._watcher is None and not self._start_watcher():
-                return self.clock._idle_or_jump(deadline)
-            return self._run_events(deadline)
-        return self.clock._idle_or_jump(deadline)
-
-    def _start_watcher(self) -> bool:
-        """Spawn the watcher with the first due event of a run; False if the run is ending."""
-        try:
-            watcher = trio.lowlevel.spawn_system_task(self._watch, name="stacklib.sim watcher")
-        except RuntimeError:  # the system nursery is closed: every task is done
-            self._stopped = True
-            return False
-        self._watcher = watcher
-        nursery = watcher.parent_nursery
-        if nursery is not None and nursery.cancel_scope.cancel_called:
-            # The main task is done and trio is cancelling the system tasks: the events wait
-            # for the next run (the watcher, cancelled at once, exits quietly).
-            self._stopped = True
-            return False
-        return True
-
-    def _run_events(self, deadline: float) -> float:
-        """Pop events in time order up to ``deadline``, until one wakes a task."""
-        heap = self._heap
+        if not heap or heap[0][0] > deadline or self._stopped:
+            return self.clock._idle_or_jump(deadline)
+        if self._watcher is None and not self._start_watcher():
+            return self.clock._idle_or_jump(deadline)
+        # Pop events in time order up to ``deadline``, until one wakes a task (inlined here,
+        # where trio asks once per pass of its loop, rather than one call further down).
         clock = self.clock
         counter = self._counter
         assert counter is not None  # set by the clock's start_clock for every run
         heappop = heapq.heappop
         counter.watched = None  # events are progress: idle waiters may be woken again
         self._driver_rounds += 1
+        self._solo = -1  # no task runs alone while callbacks run (Resource.try_charge from one)
         mark = counter.scheduled  # after the watcher's spawn, which is not an event's wake-up
         processed = 0
         try:
@@ -401,6 +385,22 @@ class Simulation(World):
         finally:
             self.events_processed += processed
         return clock._idle_or_jump(deadline)
+
+    def _start_watcher(self) -> bool:
+        """Spawn the watcher with the first due event of a run; False if the run is ending."""
+        try:
+            watcher = trio.lowlevel.spawn_system_task(self._watch, name="stacklib.sim watcher")
+        except RuntimeError:  # the system nursery is closed: every task is done
+            self._stopped = True
+            return False
+        self._watcher = watcher
+        nursery = watcher.parent_nursery
+        if nursery is not None and nursery.cancel_scope.cancel_called:
+            # The main task is done and trio is cancelling the system tasks: the events wait
+            # for the next run (the watcher, cancelled at once, exits quietly).
+            self._stopped = True
+            return False
+        return True
 
     def _fail(self, exc: BaseException) -> None:
         self._failure = exc

@@ -390,7 +390,8 @@ class Endpoint:
         length = len(data)
         ni = self.ni
         if length <= ni.inline_threshold and dest_offset is None:
-            return SendDescriptor(channel, inline=bytes(data))
+            # Positional (channel, fragments, inline): cheaper than a keyword, once per send.
+            return SendDescriptor(channel, (), bytes(data))
         if length > ni.max_message:
             raise UNetError(
                 f"message of {length} bytes exceeds the NI's maximum of {ni.max_message}"
@@ -430,11 +431,15 @@ class Endpoint:
         On an NI with a modeled host cost the caller's task holds the host CPU for that cost
         first (in a simulation), as the application's own thread executes the send path.
         """
-        await trio.lowlevel.checkpoint_if_cancelled()
         send_cost = self._send_cost
         cost = send_cost(len(data)) if send_cost is not None else 0.0
-        if cost:
-            await self._cpu.use(cost)
+        if not cost or not self._cpu.try_charge(cost):
+            # try_charge did nothing: a cancelled task raises here, before the cost is held.
+            # When it succeeds, the charge was the checkpoint (it requires no pending
+            # cancellation and counts as a parked wait would).
+            await trio.lowlevel.checkpoint_if_cancelled()
+            if cost:
+                await self._cpu.use(cost)
         while True:
             try:
                 descriptor = self.send_nowait(channel, data, dest_offset=dest_offset)
@@ -470,9 +475,23 @@ class Endpoint:
 
     async def recv(self) -> Message:
         """Wait for the next message: the blocking receive model."""
-        await trio.lowlevel.checkpoint_if_cancelled()
-        message = self.poll()
-        waited = message is None
+        if (
+            not self.recv_queue
+            and not self.closed
+            and self._upcall_error is None
+            and type(self).poll is Endpoint.poll
+        ):
+            # Nothing queued: the task parks, and parking is the checkpoint (a pending
+            # cancellation is delivered there, before anything is consumed), so the explicit
+            # one is skipped on this most common path of a blocking receive.  (A subclass's
+            # poll() may do work even on an empty queue: it takes the general path.)
+            await self._recv_waiters.wait()
+            message = self.poll()
+            waited = True
+        else:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            message = self.poll()
+            waited = message is None
         while message is None:
             if self.closed:
                 self._check_usable()

@@ -319,7 +319,8 @@ class NetworkInterface:
             return
         if dest_offset is None and length <= self.inline_threshold:
             # The small-message case first (the branch below, taken without the others' tests).
-            descriptor = RecvDescriptor(channel, length, RecvKind.INLINE, inline=bytes(data))
+            # Positional (channel, length, kind, fragments, inline): cheaper than a keyword.
+            descriptor = RecvDescriptor(channel, length, RecvKind.INLINE, (), bytes(data))
         elif dest_offset is not None:
             if not endpoint.config.direct_access:
                 self.drop(DropReason.DIRECT_NOT_ENABLED, endpoint)

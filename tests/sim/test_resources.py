@@ -213,3 +213,62 @@ async def test_use_outside_its_simulation_says_so() -> None:
     assert not sim.running
     with pytest.raises(RuntimeError, match="not running"):
         await sim.resource("cpu").use(us(1))
+
+
+def test_try_charge_is_use_without_parking_or_does_nothing() -> None:
+    sim = Simulation()
+    cpu = sim.resource("cpu")
+    log: list[tuple[str, float]] = []
+
+    async def main() -> None:
+        # Parked, woken alone by its own event: then the one task trio runs in this pass
+        # (from the second event of a run on, which finds the simulation's watcher parked).
+        await cpu.use(0.25)
+        await cpu.use(0.75)
+        cpu.hold(0.0)  # another hold ending now does not stand in the way
+        with trio.testing.assert_checkpoints():
+            assert cpu.try_charge(2.0)
+        assert (trio.current_time(), cpu.holds, cpu.busy_until) == (3.0, 4, 3.0)
+        # An event inside the hold: the charge would have to park, so nothing is held.
+        sim.call_at(4.0, lambda: log.append(("event", sim.now())))
+        assert not cpu.try_charge(2.0)
+        assert (trio.current_time(), cpu.holds, cpu.busy_until) == (3.0, 4, 3.0)
+        await cpu.use(2.0)
+        assert log == [("event", 4.0)]
+        assert trio.current_time() == 5.0
+        # A pending cancellation: nothing held, and the caller's checkpoint raises.
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            assert not cpu.try_charge(1.0)
+            await trio.lowlevel.checkpoint_if_cancelled()
+        assert (cpu.holds, cpu.busy_until) == (5, 5.0)
+        for bad in (-1e-9, math.nan, math.inf):
+            assert not cpu.try_charge(bad)
+        # From a heap callback, even the first one after this task's lone wake-up with
+        # nothing else pending: never (the clock must not move under the event loop).
+        await cpu.use(1.0)  # parks (the cancellation above rescheduled this task)
+        assert trio.current_time() == 6.0
+        woken = trio.Event()
+
+        def callback() -> None:
+            log.append(("callback", float(sim.resource("other").try_charge(0.5))))
+            woken.set()
+
+        sim.call_at(6.0, callback)
+        await woken.wait()
+        assert log[-1] == ("callback", 0.0)
+        assert trio.current_time() == 6.0
+
+    sim.run(main)
+    assert cpu.holds == 6
+
+
+def test_try_charge_never_charges_in_the_real_world() -> None:
+    world = RealWorld()
+    cpu = world.resource("cpu")
+
+    async def main() -> None:
+        assert not cpu.try_charge(1.0)
+        assert cpu.holds == 0
+
+    trio.run(main)

@@ -14,11 +14,12 @@ Tolerances: 2% for figures a parameter was calibrated to, looser for stated appr
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import pytest
 import trio
+import trio.testing
 
 from stacklib.errors import ConfigError
 from stacklib.recipes import parse_recipe, run_recipe
@@ -509,3 +510,116 @@ def test_sba200_ping_pong_wakes_one_task_per_message_with_unchanged_times() -> N
     assert messages <= wakeups <= messages + 3
     assert 6 * messages <= events <= 6 * messages + 6
     assert inline >= messages - 2
+
+
+@pytest.mark.parametrize("model", ["sba200", "pca200"])
+def test_the_i960_transmit_fast_path_changes_no_time(model: Literal["sba200", "pca200"]) -> None:
+    # I960NI._transmit inlines SimNI._transmit's hooks (docs/performance.md "Virtual time");
+    # with it switched off the generic path must give the very same times and reservations,
+    # under back-pressure (a burst fills the output FIFO) and for multi-cell messages too.
+    Seen = list[tuple[str, float, int]]
+
+    def run(fused: bool) -> tuple[Seen, Seen, int]:
+        sim = Simulation(seed=3)
+        cluster = build_atm(sim, AtmParams(ni=model), ["a", "b"], None)
+        nis: dict[str, I960NI] = {}
+        for name, node in cluster.nodes.items():
+            assert isinstance(node.ni, I960NI) and node.ni._fused
+            node.ni._fused = fused
+            nis[name] = node.ni
+        eps = {
+            name: node.os.create_endpoint(node.os.process(f"app@{name}"))
+            for name, node in cluster.nodes.items()
+        }
+        ch, back = connect(eps["a"], eps["b"])
+        seen: list[tuple[str, float, int]] = []
+        for name, ni in nis.items():
+            tx_done = ni._tx_done
+
+            def injected(
+                e: Endpoint, d: Any, n: int, name: str = name, done: Any = tx_done
+            ) -> None:
+                seen.append((f"{name} injected", sim.now(), n))
+                done(e, d, n)
+
+            ni._tx_done = injected  # type: ignore[method-assign,assignment]
+
+        async def echo() -> None:
+            while True:
+                message = await eps["b"].recv()
+                seen.append(("b", trio.current_time(), len(message.data)))
+                await eps["b"].send(back, message.data[:40])
+
+        async def main() -> None:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(echo)
+                for size in (0, 40, 48, 1000, 4000, 40, 40, 40, 40, 40, 40):
+                    await eps["a"].send(ch, bytes(size))
+                for _ in range(11):
+                    message = await eps["a"].recv()
+                    seen.append(("a", trio.current_time(), len(message.data)))
+                nursery.cancel_scope.cancel()
+
+        sim.run(main)
+        resources = [
+            (f"{node}:{name}", resource.busy_until, resource.holds)
+            for node, n in cluster.nodes.items()
+            for name, resource in n.host.resources.items()
+        ]
+        return seen, resources, sim.statistics().events_processed
+
+    fused = run(True)
+    assert len(fused[0]) == 44
+    assert fused == run(False)
+
+
+def test_a_subclass_replacing_a_hook_gets_the_generic_transmit() -> None:
+    class Slower(I960NI):
+        def tx_ready(self, now: float) -> float:
+            return super().tx_ready(now) + 1e-6
+
+    sim = Simulation()
+    cluster = build_atm(sim, AtmParams(), ["a"], None)
+    ni = cluster.nodes["a"].ni
+    assert isinstance(ni, I960NI) and ni._fused
+    other = Slower("x", ni.host, ni.fabric, I960Params())
+    assert not other._fused
+
+
+def test_send_and_recv_stay_checkpoints_and_cancel_before_doing_anything() -> None:
+    # Endpoint.send charges its host cost inline without a separate checkpoint, and a
+    # blocking recv on an empty queue parks without one: each remains a checkpoint, and a
+    # cancelled call neither holds the CPU, nor posts, nor consumes a message.
+    sim, cluster, eps, ch = _cluster(AtmParams())
+    a, b = eps["a"], eps["b"]
+    cpu = cluster.nodes["a"].host.resources["cpu"]
+    back = next(iter(b.channels))
+
+    async def main() -> None:
+        await b.send(back, b"wake")  # a task woken by an event charges inline from here on
+        await a.recv()
+        for _ in range(3):
+            with trio.testing.assert_checkpoints():
+                await a.send(ch, b"x")
+            with trio.testing.assert_checkpoints():
+                assert (await b.recv()).data == b"x"
+        holds, posted = cpu.holds, a.send_queue.pushed
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await a.send(ch, b"never")
+        assert scope.cancelled_caught
+        assert (cpu.holds, a.send_queue.pushed) == (holds, posted)
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await b.recv()  # empty queue: parks, and the cancellation is delivered there
+        assert scope.cancelled_caught
+        await a.send(ch, b"kept")
+        await trio.sleep(1e-3)
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await b.recv()
+        assert scope.cancelled_caught
+        assert (await b.recv()).data == b"kept"
+
+    sim.run(main)
+    assert sim.statistics().charges_inline >= 3

@@ -161,7 +161,9 @@ class Dc21140NI(SimNI):
         return (remote, (local.node, remote.port)), (remote.node, local.port)
 
     def wire_tag(self, channel: Channel, endpoint: Endpoint) -> tuple[str, Hashable, object]:
-        remote, rx_key = typing.cast(tuple[SimAddress, Hashable], channel.tx_tag)
+        # An annotation, not typing.cast: nothing is built per message at run time.
+        tx_tag: tuple[SimAddress, Hashable] = channel.tx_tag  # type: ignore[assignment]
+        remote, rx_key = tx_tag
         return remote.node, rx_key, remote.port
 
     def tx_ready(self, now: float) -> float:

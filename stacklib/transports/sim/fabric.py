@@ -208,6 +208,9 @@ class Fabric:
         self.store_and_forward = store_and_forward
         self.propagation = propagation
         self.faults = faults if faults is not None else FaultParams()
+        #: The last ``faults`` object seen to inject nothing (frozen, so identity is enough):
+        #: the per-message test without calling the ``any`` property.
+        self._clean: FaultParams | None = None
         self.name = name
         self.nis: dict[str, SimNI] = {}
         self._medium = world.resource(f"{name}:medium")
@@ -295,7 +298,8 @@ class Fabric:
         # The switch's output port is the receiver's link, at the receiver's link rate.
         shape = destination.wire_shape(len(packet.payload))
         propagation = self.propagation
-        if not faults.any:
+        if faults is self._clean or not faults.any:
+            self._clean = faults
             # Without faults, _faults returns [packet] and draws nothing, and _arrive reorders
             # nothing: one copy, handed on here (_arrive without its fault branch).
             units, per_unit, tail = shape.units, shape.per_unit, shape.tail

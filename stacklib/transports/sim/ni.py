@@ -19,7 +19,6 @@ is the generic :class:`~stacklib.unet.ni.NetworkInterface`.
 
 from __future__ import annotations
 
-import typing
 from collections.abc import Hashable
 
 import attrs
@@ -124,7 +123,9 @@ class SimNI(NetworkInterface):
 
     def wire_tag(self, channel: Channel, endpoint: Endpoint) -> tuple[str, Hashable, object]:
         """(destination node, receive key at the destination, link-level tag) for a send."""
-        remote, rx_key = typing.cast(tuple[SimAddress, Hashable], channel.tx_tag)
+        # An annotation, not typing.cast: nothing is built per message at run time.
+        tx_tag: tuple[SimAddress, Hashable] = channel.tx_tag  # type: ignore[assignment]
+        remote, rx_key = tx_tag
         return remote.node, rx_key, remote.port
 
     # ------------------------------------------------------------------ model hooks
@@ -168,7 +169,10 @@ class SimNI(NetworkInterface):
         if self._poll_at != when:
             return  # superseded by an earlier poll
         self._poll_at = None
-        self._resume()
+        # _resume() inlined (once per message on a polling NI): the same loop.
+        for endpoint in list(self.endpoints.values()):
+            if endpoint.send_queue:
+                self._service(endpoint)
 
     def _transmit(
         self, endpoint: Endpoint, channel: Channel, descriptor: SendDescriptor, data: Payload
@@ -213,4 +217,9 @@ class SimNI(NetworkInterface):
             # The AAL5 CRC (or Ethernet FCS) check fails: the whole message is dropped.
             self.drop(DropReason.CORRUPTED)
             return
-        self._deliver(packet.rx_key, packet.payload, packet.dest_offset)
+        # _deliver() inlined (once per message): the same look-up, drop and fill.
+        entry = self._demux.get(packet.rx_key)
+        if entry is None:
+            self.dropped[DropReason.UNKNOWN_TAG] += 1
+            return
+        self._fill(entry[0], entry[1], packet.payload, packet.dest_offset)
