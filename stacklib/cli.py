@@ -398,6 +398,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also run the experiments that run only when named (long, or being calibrated)",
     )
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="run scaled experiments at the papers' sizes (Split-C: minutes instead of seconds)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--plots", metavar="DIR", help="also draw plots into DIR (needs matplotlib)")
     p.set_defaults(func=cmd_reproduce)

@@ -55,6 +55,9 @@ class Experiment:
     #: ``--all``; ``note`` says why, and the default run lists it at the end.
     default: bool = True
     note: str = ""
+    #: The experiment at the papers' full sizes, where the default run is scaled down to keep
+    #: ``stacklib reproduce`` quick (``--full``); None when the default run is already full.
+    run_full: Callable[[], Sequence[Figure]] | None = None
 
 
 EXPERIMENTS: dict[str, Experiment] = {}
@@ -98,11 +101,12 @@ def run_experiments(
     as_json: bool = False,
     plots: str | None = None,
     everything: bool = False,
+    full: bool = False,
 ) -> int:
     """Run the selected experiments, print the results; 1 if a figure is out of tolerance.
 
     ``only`` names experiments to run; otherwise the default ones run (all of them with
-    ``everything``).
+    ``everything``).  ``full`` runs scaled experiments at the papers' sizes instead.
     """
     _load_builtin()
     if plots is not None:
@@ -138,7 +142,8 @@ def run_experiments(
         if progress:
             print(f"[{index}/{len(selected)}] {experiment.name} ...", end="\r", file=sys.stderr)
         start = time.perf_counter()
-        figures = list(experiment.run())
+        run = experiment.run_full if full and experiment.run_full is not None else experiment.run
+        figures = list(run())
         wall = time.perf_counter() - start
         failures += sum(not f.ok for f in figures)
         if as_json:
@@ -159,6 +164,9 @@ def run_experiments(
         print(json.dumps(report, indent=2))
     elif failures:
         print(f"{failures} figure(s) outside tolerance")
+    scaled = [e.name for e in selected if e.run_full is not None and not full]
+    if scaled and not as_json:
+        print(f"Scaled to run quickly: {', '.join(scaled)} (the papers' sizes: --full).")
     if skipped and not as_json:
         print("Not run by default (name one with --only NAME, or run them all with --all):")
         for experiment in skipped:

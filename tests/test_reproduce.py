@@ -44,3 +44,26 @@ def test_named_and_all_runs_include_them(only_test_experiments: list[str]) -> No
     assert only_test_experiments == ["long"]
     assert run_experiments(everything=True) == 1
     assert only_test_experiments == ["long", "quick", "long"]
+
+
+def test_full_runs_the_papers_sizes_where_an_experiment_is_scaled(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(reproduce, "EXPERIMENTS", {})
+    monkeypatch.setattr(reproduce, "_load_builtin", lambda: None)
+    ran: list[str] = []
+
+    def scaled() -> list[Figure]:
+        ran.append("scaled")
+        return [Figure("x", 1.0, 1.0, "s", "test")]
+
+    def full() -> list[Figure]:
+        ran.append("full")
+        return [Figure("x", 1.0, 1.0, "s", "test")]
+
+    register_experiment(Experiment("sized", "sized", scaled, run_full=full))
+    assert run_experiments() == 0
+    assert "Scaled to run quickly: sized" in capsys.readouterr().out
+    assert run_experiments(full=True) == 0
+    assert ran == ["scaled", "full"]
+    assert "Scaled" not in capsys.readouterr().out

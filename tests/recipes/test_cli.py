@@ -19,7 +19,7 @@ def stacklib(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]
         text=True,
         cwd=REPO,
         check=check,
-        timeout=120,
+        timeout=600,
     )
 
 

@@ -26,7 +26,7 @@ import numpy.typing as npt
 import trio
 
 from stacklib.layers.splitc import SplitC
-from stacklib.transports.sim.machines import Machine
+from stacklib.transports.sim.machines import SMALL_BLOCK_BYTES, Machine
 
 __all__ = [
     "PAPER_SIZES",
@@ -106,17 +106,35 @@ class Work:
 
 
 def matmul(
-    blocks: int, block: int, *, prefetch: bool = True, seed: int = 1, machine: Machine | None = None
+    blocks: int,
+    block: int,
+    *,
+    prefetch: bool = True,
+    barrier_every: int = 1,
+    seed: int = 1,
+    machine: Machine | None = None,
 ) -> Program:
     """Blocked matrix multiply C = A B of ``blocks`` x ``blocks`` blocks of ``block`` x
     ``block`` doubles; block (i, j) of each matrix lives on rank (i blocks + j) mod P.  Each
     rank computes its C blocks, fetching A(i,k) and B(k,j) with bulk gets; with ``prefetch``
     "the main loop multiplies two blocks while it prefetches the two blocks needed in the next
-    iteration" (paper 000 §6)."""
+    iteration" (paper 000 §6).
+
+    Every ``barrier_every`` block multiplies the ranks meet at a barrier (0: never), while the
+    prefetched blocks are still in flight; ``sync()`` then waits for them.  The papers do not
+    show the code: this is the "synchronization overhead" that paper 003 §5.2 holds
+    responsible for the extra communication time on 4 and 8 nodes.  It keeps the ranks in
+    step, so that in iteration k all of them fetch A(i, k) from rank k mod P, a hot spot whose
+    link sends P - 1 blocks per iteration (docs/splitc.md).  Ranks with fewer blocks join the
+    remaining barriers at the end.
+    """
+    if barrier_every < 0:
+        raise ValueError(f"barrier_every must be >= 0, got {barrier_every}")
 
     async def program(sc: SplitC) -> RankResult:
         work = Work(sc, machine)
         nb, bs, size = blocks, block, block * block
+        op = "madd_small" if 3 * size * 8 <= SMALL_BLOCK_BYTES else "madd"
 
         def owner(i: int, j: int) -> tuple[int, int]:
             return (i * nb + j) % sc.size, (i * nb + j) // sc.size
@@ -135,6 +153,8 @@ def matmul(
             b[index] = b_full[i * bs : (i + 1) * bs, j * bs : (j + 1) * bs]
         c = {ij: np.zeros((bs, bs)) for ij in mine}
         steps = [(i, j, k) for i, j in mine for k in range(nb)]
+        most = -(-nb * nb // sc.size) * nb  # the steps of the rank with the most blocks
+        barriers = most // barrier_every if barrier_every else 0
 
         async def fetch(slot: int, i: int, j: int, k: int) -> None:
             rank_a, index_a = owner(i, k)
@@ -157,10 +177,15 @@ def matmul(
             following = steps[step + 1] if step + 1 < len(steps) else None
             if prefetch and following is not None:
                 await fetch(1 - slot, *following)
-            await work("madd", bs**3, lambda i=i, j=j, slot=slot: multiply(i, j, slot))  # type: ignore[misc]
+            await work(op, bs**3, lambda i=i, j=j, slot=slot: multiply(i, j, slot))  # type: ignore[misc]
+            if barrier_every and (step + 1) % barrier_every == 0:
+                await sc.barrier()
+                barriers -= 1
             if not prefetch and following is not None:
                 await fetch(1 - slot, *following)
             await sc.sync()
+        for _ in range(barriers):
+            await sc.barrier()
         product = a_full @ b_full
         ok = all(
             np.allclose(c[i, j], product[i * bs : (i + 1) * bs, j * bs : (j + 1) * bs])

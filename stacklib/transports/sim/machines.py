@@ -42,6 +42,7 @@ from stacklib.wire.descriptor import SendDescriptor
 
 __all__ = [
     "MACHINES",
+    "SMALL_BLOCK_BYTES",
     "CpuCosts",
     "Machine",
     "MachineNI",
@@ -54,7 +55,7 @@ __all__ = [
 class CpuCosts:
     """Microseconds of local computation per operation on one host."""
 
-    #: One double-precision multiply-add (matrix multiply, conjugate gradient).
+    #: One double-precision multiply-add (matrix multiply of large blocks, conjugate gradient).
     madd_us: float
     #: One key through a linear pass (histogram, bucket, pack, place).
     key_us: float
@@ -62,6 +63,10 @@ class CpuCosts:
     compare_us: float
     #: One edge examined by connected components.
     edge_us: float
+    #: One multiply-add of a block multiply whose three blocks fit in the first-level data
+    #: cache (:data:`SMALL_BLOCK_BYTES`: mm 16x16's 2 KB blocks), which costs differently from
+    #: one that streams 128 KB blocks through the second level.
+    madd_small_us: float
     cite: str
 
     def scaled(self, factor: float, cite: str) -> CpuCosts:
@@ -71,26 +76,36 @@ class CpuCosts:
             self.key_us * factor,
             self.compare_us * factor,
             self.edge_us * factor,
+            self.madd_small_us * factor,
             cite,
         )
 
 
+#: A block multiply charges :attr:`CpuCosts.madd_small_us` when its three blocks of doubles
+#: fit in this many bytes: the Pentium's 8 KB first-level data cache, the smaller of the two
+#: hosts' (not in the papers: the Pentium's and the SuperSPARC's data sheets).
+SMALL_BLOCK_BYTES = 8 * 1024
+
+
 #: Calibrated against paper 003 Table 1's 2-node ATM column (SPARCstation-20s): mm 128x128
-#: for the multiply-add, rsortlg for a key, ssortlg for a comparison (docs/splitc.md).
+#: for the multiply-add, mm 16x16 for the small-block one, rsortlg for a key, ssortlg for a
+#: comparison (docs/splitc.md).
 SS20 = CpuCosts(
-    madd_us=0.1030,
+    madd_us=0.1019,
     key_us=0.7077,
     compare_us=0.0993,
     edge_us=0.7077,  # no paper figure: taken equal to a key
-    cite="calibrated: paper 003 Table 1, ATM 2 nodes (mm 128x128, rsortlg, ssortlg)",
+    madd_small_us=0.1181,
+    cite="calibrated: paper 003 Table 1, ATM 2 nodes (mm 128x128, mm 16x16, rsortlg, ssortlg)",
 )
 #: Calibrated against paper 003 Table 1's 2-node FE column (120 MHz Pentiums).
 P120 = CpuCosts(
-    madd_us=0.2146,
+    madd_us=0.2128,
     key_us=0.7849,
     compare_us=0.0903,
     edge_us=0.7849,  # no paper figure: taken equal to a key
-    cite="calibrated: paper 003 Table 1, FE 2 nodes (mm 128x128, rsortlg, ssortlg)",
+    madd_small_us=0.1571,
+    cite="calibrated: paper 003 Table 1, FE 2 nodes (mm 128x128, mm 16x16, rsortlg, ssortlg)",
 )
 
 HOST_CPUS: dict[str, CpuCosts] = {
@@ -151,6 +166,9 @@ class MachineNI(MemoryNI):
 
     def __init__(self, name: str, host: Host, network: MemoryNetwork, model: NetworkModel) -> None:
         super().__init__(name, host, network)
+        # Every message pays Table 2's costs in _transmit: never the memory transport's
+        # immediate one-copy path, which skips it.
+        self.immediate = False
         self.model = model
         self._link_free = 0.0
 

@@ -78,3 +78,24 @@ def test_draw_the_figures(tmp_path: Path) -> None:
     paths = experiment.draw(tmp_path, fig5, table1)
     assert [p.name for p in paths] == ["splitc_fig5.png", "splitc_fig7.png"]
     assert all(p.stat().st_size > 1000 for p in paths)
+
+
+def test_the_fast_configuration_covers_the_same_programs() -> None:
+    assert list(experiment.FIG5_FAST) == list(experiment.FIG5_SIZES)
+    assert set(experiment.SCALED_TABLE1) == set(experiment.DEFAULT_TABLE1)
+    for benchmark, sizes in experiment.FIG5_FAST.items():
+        assert sizes <= experiment.FIG5_SIZES[benchmark]  # smaller or the same
+
+
+def test_machine_ni_charges_every_message() -> None:
+    # The memory transport's immediate one-copy path would skip Table 2's costs.
+    async def program(sc: SplitC) -> float:
+        await sc.all_alloc("x", 1, np.int64)
+        await sc.barrier()
+        start = trio.current_time()
+        if sc.rank == 0:
+            await sc.write(sc.ptr(1, "x"), 7)
+        return trio.current_time() - start
+
+    run = run_spmd(program, 2, "cm5")
+    assert run.results[0] * 1e6 >= CM5_NET.round_trip_us

@@ -83,3 +83,37 @@ def test_the_cli_in_virtual_time(capsys: pytest.CaptureFixture[str]) -> None:
     assert "verified" in capsys.readouterr().out
     assert cli_main(["splitc", "list"]) == 0
     assert "meiko" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("block", "op"), [(16, "madd_small_us"), (32, "madd_us")])
+def test_block_multiply_cost_depends_on_the_block_size(block: int, op: str) -> None:
+    # 2x2 blocks on 2 ranks: each rank multiplies 2 C blocks x 2 steps of block^3 multiply-adds.
+    machine = MACHINES["atm-003"]
+    run = run_spmd(matmul(2, block, machine=machine), 2, "atm-003")
+    per_madd = getattr(machine.cpu(0), op) * 1e-6
+    for r in run.results:
+        assert r.ok
+        assert r.compute == pytest.approx(4 * block**3 * per_madd)
+
+
+def test_barrier_per_iteration_with_uneven_blocks() -> None:
+    # 3x3 blocks on 2 ranks: 5 and 4 C blocks; the rank with fewer joins the last barriers.
+    run = run_spmd(matmul(3, 4, barrier_every=1), 2, "memory")
+    assert all(r.ok for r in run.results)
+    with pytest.raises(ValueError, match="barrier_every"):
+        matmul(2, 4, barrier_every=-1)
+
+
+def test_barrier_per_iteration_makes_the_hot_spot_cost() -> None:
+    # In step k every rank fetches A(i, k) from rank k mod P: in step, they queue at one link.
+    machine = MACHINES["atm-003"]
+    times = {
+        every: max(
+            r.comm
+            for r in run_spmd(
+                matmul(8, 16, barrier_every=every, machine=machine), 8, "atm-003"
+            ).results
+        )
+        for every in (0, 1)
+    }
+    assert times[1] > 2 * times[0]
