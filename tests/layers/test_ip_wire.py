@@ -364,3 +364,34 @@ def test_addresses() -> None:
     for bad in ("10.0.0", "1", "10.0.0.1.2", "::1"):
         with pytest.raises(ValueError):
             wire.ip_bytes(bad)
+
+
+@given(wire.ipv4_packets(max_payload=16), st.integers(0, 159))
+def test_the_simple_parse_refuses_a_corrupted_header(packet: Ipv4Packet, bit: int) -> None:
+    simple = attrs.evolve(
+        packet, tos=0, dont_fragment=True, more_fragments=False, fragment_offset=0, options=b""
+    )
+    src, dst = wire.ip_bytes(simple.src), wire.ip_bytes(simple.dst)
+    summed = wire.build_ipv4_summed(
+        src,
+        dst,
+        wire.address_sum(src, dst),
+        simple.protocol,
+        simple.payload,
+        simple.ttl,
+        simple.identification,
+    )
+    assert summed == wire.build_ipv4(attrs.evolve(simple, reserved_flag=False))
+    data = bytearray(summed)
+    data[bit // 8] ^= 1 << (bit % 8)
+    assert wire.parse_ipv4_simple(bytes(data)) is None  # one flipped bit: the header sum fails
+
+
+def test_the_summed_build_refuses_caller_mistakes() -> None:
+    a = wire.ip_bytes("10.0.0.1")
+    with pytest.raises(ValueError, match="4 bytes"):
+        wire.build_ipv4_simple(a, b"\x01\x02\x03", 6, b"", 64, 0)
+    with pytest.raises(ValueError, match="out of range"):
+        wire.build_ipv4_summed(a, a, wire.address_sum(a, a), 6, b"", 64, -(1 << 40))
+    with pytest.raises(ValueError, match="out of range"):
+        wire.build_ipv4_summed(a, a, wire.address_sum(a, a), 6, b"", 256, 0)

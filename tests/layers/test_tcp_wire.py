@@ -229,3 +229,56 @@ def test_trailing_bytes_are_payload() -> None:
     assert seg.payload == b"abc"
     assert seg.seg_len == 4  # SYN counts one
     assert "SYN" in str(seg)
+
+
+# --- the per-connection header template and the one-call checksum check ------------------------
+
+_U16 = st.integers(0, 0xFFFF)
+_U32 = st.integers(0, 0xFFFFFFFF)
+# Payloads on both sides of the checksum's numpy threshold (1024 bytes), odd and even.
+_PAYLOADS = st.binary(max_size=40) | st.binary(min_size=1000, max_size=2100)
+
+
+_ADDRESS = st.binary(min_size=4, max_size=4)
+
+
+@given(_U16, _U16, _U32, _U32, st.integers(0, 0x1FF), _U16, _PAYLOADS, _ADDRESS, st.data())
+def test_header_template_builds_what_build_fields_builds(
+    sport: int,
+    dport: int,
+    seq: int,
+    ack: int,
+    flags: int,
+    window: int,
+    payload: bytes,
+    src: bytes,
+    data: st.DataObject,
+) -> None:
+    dst = data.draw(_ADDRESS | st.just(src))
+    summed = wire.HeaderTemplate(sport, dport, src, dst).build(seq, ack, flags, window, payload)
+    assert summed == wire.build_fields(sport, dport, seq, ack, flags, window, payload, src, dst)
+    assert checksum(summed, src, dst) == 0
+    assert wire.sum_ok(summed, wire.pseudo_sum(src, dst))
+    plain = wire.HeaderTemplate(sport, dport).build(seq, ack, flags, window, bytearray(payload))
+    assert plain == wire.build_fields(sport, dport, seq, ack, flags, window, payload)
+
+
+@given(wire.segments(max_payload=1100), st.integers(0, 10_000), st.integers(0, 7))
+def test_sum_ok_agrees_with_checksum(seg: Segment, where: int, bit: int) -> None:
+    pair = wire.pseudo_sum(SRC, DST)
+    data = bytearray(build(seg, SRC, DST))
+    assert wire.sum_ok(data, pair)
+    data[where % len(data)] ^= 1 << bit
+    assert wire.sum_ok(data, pair) == (checksum(data, SRC, DST) == 0)
+    assert not wire.sum_ok(data, pair)  # a single flipped bit always changes the sum
+
+
+def test_header_template_rejects_caller_mistakes() -> None:
+    with pytest.raises(ValueError, match="out of range"):
+        wire.HeaderTemplate(70000, 1)
+    template = wire.HeaderTemplate(1, 2, SRC, DST)
+    for seq, flags, window in ((1 << 32, 0x10, 0), (-(1 << 40), 0x10, 0), (0, 0x200, 0)):
+        with pytest.raises(ValueError, match="out of range"):
+            template.build(seq, 0, flags, window, b"")
+    with pytest.raises(ValueError, match="out of range"):
+        template.build(0, 0, 0x10, 1 << 16, b"x")

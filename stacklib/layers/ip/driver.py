@@ -39,7 +39,7 @@ import functools
 import math
 import socket
 import typing
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Container, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -63,9 +63,11 @@ from stacklib.layers.ip.wire import (
     IcmpType,
     IpProtocol,
     Ipv4FormatError,
+    address_sum,
     build_ethernet,
     build_icmp,
     build_ipv4_simple,
+    build_ipv4_summed,
     ip_bytes,
     parse_arp,
     parse_ethernet,
@@ -241,6 +243,8 @@ class IpStack(IpService):
             0,
         )
         self._dropped: dict[str, int] = {}
+        #: Sources whose route needs no learning (a link with routes points it at its table).
+        self._known: Container[str] = ()
 
     # ------------------------------------------------------------------ the service
 
@@ -365,7 +369,7 @@ class IpStack(IpService):
                 handler = endpoint._handler if endpoint is not None else None
                 if handler is not None:
                     src = _dotted(simple[0])
-                    if channel is not None:
+                    if channel is not None and src not in self._known:
                         self._learn(src, channel)
                     self._counts["delivered"] += 1
                     handler(src, self._address, simple[3])
@@ -473,6 +477,9 @@ class UNetIpStack(IpStack):
         self._below = below
         self._params = params
         self._routes: dict[str, int] = dict(params.peers)
+        self._known = self._routes
+        #: Per peer of send_nowait: (channel, address as 4 bytes, the addresses' word sum).
+        self._fast: dict[str, tuple[int, bytes, int]] = {}
         self._mtu = min(params.mtu, below.max_message)
         self._cpu: Resource | None = None
         self._copy = 0.0
@@ -502,6 +509,7 @@ class UNetIpStack(IpStack):
                 f"IP: no channel {channel} below (channels: {list(self._below.peers)})"
             )
         self._routes[address] = channel
+        self._fast.clear()
 
     def mtu(self, peer: str) -> int:
         if peer != self._address and peer not in self._routes:
@@ -522,6 +530,41 @@ class UNetIpStack(IpStack):
     async def _transmit(self, dst: str, packet: bytes) -> None:
         await self._below.send(self._routes[dst], packet)
 
+    def send_nowait(
+        self, dst: str, protocol: int, payload: _Buffer, *, ttl: int | None = None
+    ) -> None:
+        """:meth:`IpStack.send_nowait` with the route's constants cached per peer: the channel,
+        the address bytes and their header-checksum sum (what TCP sends every segment by)."""
+        endpoint = self._nowait
+        route = self._fast.get(dst)
+        if route is None:
+            if endpoint is None or dst == self._address or dst not in self._routes:
+                super().send_nowait(dst, protocol, payload, ttl=ttl)  # blocks, or raises
+                return
+            dst_bytes = ip_bytes(dst)
+            route = (self._routes[dst], dst_bytes, address_sum(self._address_bytes, dst_bytes))
+            self._fast[dst] = route
+        size = IPV4_HEADER_SIZE + len(payload)
+        if self._closed or endpoint is None or size > self._mtu:
+            super().send_nowait(dst, protocol, payload, ttl=ttl)  # raises
+            return
+        ident = self._next_id
+        channel, dst_bytes, addresses = route
+        packet = build_ipv4_summed(
+            self._address_bytes,
+            dst_bytes,
+            addresses,
+            protocol,
+            payload,
+            self._ttl if ttl is None else ttl,
+            ident,
+        )
+        endpoint.send_nowait(channel, packet)  # trio.WouldBlock: nothing was sent
+        self._next_id = (ident + 1) & 0xFFFF
+        counts = self._counts
+        counts["sent"] += 1
+        counts["sent_bytes"] += size
+
     def _transmit_nowait(self, dst: str, packet: bytes) -> bool:
         endpoint = self._nowait
         if endpoint is None:
@@ -535,6 +578,7 @@ class UNetIpStack(IpStack):
     def _learn(self, src: str, channel: int) -> None:
         if self._params.learn_peers and src not in self._routes and src != _LIMITED_BROADCAST:
             self._routes[src] = channel
+            self._fast.clear()
 
     async def _receive_loop(self) -> None:
         below = self._below

@@ -257,6 +257,12 @@ class TcpStream(trio.abc.HalfCloseableStream):
         self._pending: memoryview | None = None
         self._send_lot = trio.lowlevel.ParkingLot()
         self._recv_lot = trio.lowlevel.ParkingLot()
+        # Whether a task may be parked in each lot (one at most: sends and receives are each
+        # exclusive).  Set before parking, cleared by the _wake that unparks it: _wake, called
+        # after every segment, tests a flag rather than the lot, and after waking the reader
+        # for the first segment of a batch does nothing for the rest.
+        self._send_parked = False
+        self._recv_parked = False
         self._timer_at: float | None = None  # the machine's deadline
         # The deadline of this stream's live entry in the stack's timer heap.  A deadline that
         # moves later (every ACK restarts the retransmission timer) needs no new entry: the old
@@ -333,6 +339,7 @@ class TcpStream(trio.abc.HalfCloseableStream):
             view = view[self._push(view) :]
             while view:
                 self._pending = view
+                self._send_parked = True
                 try:
                     await self._send_lot.park()
                 finally:
@@ -358,6 +365,7 @@ class TcpStream(trio.abc.HalfCloseableStream):
                     raise trio.ClosedResourceError("the TCP stream is closed")
                 if self._failure is not None or self._eof_sent or self._machine.send_room:
                     break  # send_all would not block (it might raise)
+                self._send_parked = True
                 await self._send_lot.park()
                 parked = True
             if not parked:
@@ -405,6 +413,7 @@ class TcpStream(trio.abc.HalfCloseableStream):
                 if self._peer_eof:
                     data = b""
                     break
+                self._recv_parked = True
                 await self._recv_lot.park()
                 parked = True
             if not parked:
@@ -444,9 +453,11 @@ class TcpStream(trio.abc.HalfCloseableStream):
     def _wake(self) -> None:
         # Called after every input and output: most of the time nobody is parked.  A writer
         # with data still pending sleeps on unless the stream failed or closed.
-        if self._send_lot and (not self._pending or self._failure is not None or self._closed):
+        if self._send_parked and (not self._pending or self._failure is not None or self._closed):
+            self._send_parked = False
             self._send_lot.unpark_all()
-        if self._recv_lot:
+        if self._recv_parked:
+            self._recv_parked = False
             self._recv_lot.unpark_all()
 
     def _fail(self, error: BaseException) -> None:
@@ -553,7 +564,7 @@ class TcpStack(StreamService):
             # charges each segment's cost, so segments go through it as before.
             set_handler = getattr(self._endpoint, "set_handler", None)
             if set_handler is not None:
-                set_handler(self._handle)
+                set_handler(self._input)
         # Likewise on output: segments go to IP from the task that made them while the link
         # takes them at once (IpStack.send_nowait), rather than each waking the sender task.
         self._send_nowait: Callable[[str, int, bytes], None] | None = (
@@ -561,6 +572,12 @@ class TcpStack(StreamService):
         )
         self._sum = params.checksum_us_per_100_bytes * 1e-6 / 100
         self._summed = params.checksum != "none"
+        # The run's clock read directly (trio.current_time() is three calls deep): the same
+        # time, read on every segment.
+        try:
+            self._now: Callable[[], float] = trio.lowlevel.current_clock().current_time
+        except RuntimeError:  # built outside a trio run
+            self._now = trio.current_time
         self._counts = dict.fromkeys(
             (
                 "segments_in",
@@ -751,11 +768,16 @@ class TcpStack(StreamService):
                 stream._pending = pending[machine.send(pending) :]
             except LocalProtocolError:
                 stream._send_lot.unpark_all()  # no longer open for sending: the writer finds out
-        for segment in machine.segments_to_send(trio.current_time() if now is None else now):
+        for segment in machine.segments_to_send(self._now() if now is None else now):
             self._transmit(stream._remote[0], segment)
         event = machine.next_event()
         while event is not None:
-            self._on_event(stream, event)
+            if type(event) is DataReceived:  # one per data segment: handled here, no call
+                if stream._closed:
+                    # The application closed the stream: nobody will read this (RFC 2525 §2.17).
+                    self._abort(stream)
+            else:
+                self._on_event(stream, event)
             event = machine.next_event()
         if machine.state is TcpState.CLOSED:
             if self._conns.get(stream._key) is stream:
@@ -843,25 +865,23 @@ class TcpStack(StreamService):
         cpu = self._cpu
         while True:
             try:
-                src, _, payload = await endpoint.recv()
+                src, dst, payload = await endpoint.recv()
             except (trio.EndOfChannel, trio.ClosedResourceError):
                 return
-            self._input(src, payload)
+            self._input(src, dst, payload)
             if cpu is not None:
                 await cpu.use(self._cost(max(0, len(payload) - HEADER_SIZE)))
 
-    def _handle(self, src: str, dst: str, payload: bytes) -> None:
-        self._input(src, payload)
-
-    def _input(self, src: str, payload: bytes) -> None:
-        """Dispatch one segment from IP.  Never raises for bad input: drops are counted."""
+    def _input(self, src: str, dst: str, payload: bytes) -> None:
+        """Dispatch one segment from IP (its handler: source, destination, payload; the
+        destination is ours).  Never raises for bad input: drops are counted."""
         self._counts["segments_in"] += 1
         if len(payload) < HEADER_SIZE:
             self._drop("short")
             return
         sport, dport = _PORTS.unpack_from(payload)
         stream = self._conns.get((dport, src, sport))
-        now = trio.current_time()
+        now = self._now()
         if stream is not None:
             stream._machine.receive_segment(payload, now)
             self._drain(stream, now)

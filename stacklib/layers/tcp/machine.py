@@ -41,6 +41,7 @@ import attrs
 from stacklib.errors import LocalProtocolError
 from stacklib.layers.tcp.wire import (
     HEADER_WORDS,
+    HeaderTemplate,
     IPv4Address,
     Segment,
     TcpErrorKind,
@@ -48,9 +49,9 @@ from stacklib.layers.tcp.wire import (
     TcpFormatError,
     TcpOptions,
     build,
-    build_fields,
-    checksum,
     parse,
+    pseudo_sum,
+    sum_ok,
 )
 
 __all__ = [
@@ -423,6 +424,14 @@ class TcpConnection:
         self._rx_addresses: tuple[IPv4Address, IPv4Address] | tuple[()] = (
             (remote_ip, local_ip) if rx_sum else ()
         )
+        # Per-connection constants of the per-segment paths: the header template (ports and
+        # pseudo-header sum) and the received segments' pseudo-header sum.
+        self._template = (
+            HeaderTemplate(local_port, remote_port, local_ip, remote_ip)
+            if self._tx_sum
+            else HeaderTemplate(local_port, remote_port)
+        )
+        self._rx_pair = pseudo_sum(remote_ip, local_ip) if rx_sum else None
         self._state = TcpState.CLOSED
         self._used = False  # a connection opens once
         self._passive = False
@@ -534,7 +543,9 @@ class TcpConnection:
     @property
     def send_room(self) -> int:
         """How many bytes :meth:`send` accepts now (0 when sending is not allowed)."""
-        if self._state not in _SENDING or self._fin_queued:
+        state = self._state
+        # ESTABLISHED first, by identity: set membership hashes the enum in Python.
+        if (state is not _S.ESTABLISHED and state not in _SENDING) or self._fin_queued:
             return 0
         return self.config.send_buffer - len(self._sndbuf)
 
@@ -572,7 +583,8 @@ class TcpConnection:
         """Queue bytes for the peer; returns how many were accepted (bounded by the send buffer's
         free space, :attr:`send_room`).  Allowed in SYN-SENT, SYN-RECEIVED (queued until
         ESTABLISHED), ESTABLISHED and CLOSE-WAIT, before :meth:`shutdown_write`."""
-        if self._state not in _SENDING:
+        state = self._state
+        if state is not _S.ESTABLISHED and state not in _SENDING:
             raise self._illegal("send()", "the connection is not open for sending")
         if self._fin_queued:
             raise self._illegal("send()", "writing was shut down")
@@ -644,16 +656,20 @@ class TcpConnection:
 
     def get_timer(self) -> float | None:
         """The earliest deadline at which :meth:`handle_timer` must be called, or None."""
-        deadline: float | None = None
-        for t in (
-            self._rtx_at,
-            self._persist_at,
-            self._delack_at,
-            self._keepalive_at,
-            self._timewait_at,
-        ):
-            if t is not None and (deadline is None or t < deadline):
-                deadline = t
+        # Written out (no tuple, no loop): the driver asks after every segment.
+        deadline = self._rtx_at
+        t = self._persist_at
+        if t is not None and (deadline is None or t < deadline):
+            deadline = t
+        t = self._delack_at
+        if t is not None and (deadline is None or t < deadline):
+            deadline = t
+        t = self._keepalive_at
+        if t is not None and (deadline is None or t < deadline):
+            deadline = t
+        t = self._timewait_at
+        if t is not None and (deadline is None or t < deadline):
+            deadline = t
         return deadline
 
     def statistics(self) -> TcpStatistics:
@@ -837,11 +853,15 @@ class TcpConnection:
             return False  # an old ACK, or a duplicate one: the full path counts them
         if size and size > ((self._rcv_adv - seq + _HALF) & _MASK) - _HALF:
             return False  # beyond the window: the full path trims it
-        if self._rx_addresses and checksum(segment, *self._rx_addresses) != 0:
+        rx_pair = self._rx_pair
+        if rx_pair is not None and not sum_ok(segment, rx_pair):
             self._drop(DropReason.CHECKSUM)
             return True
         self._segments_in += 1
-        self._keepalive_touch(now)
+        # _keepalive_touch(now), written out (ESTABLISHED is a keepalive state).
+        self._keepalive_sent = 0
+        idle = self.config.keepalive_idle
+        self._keepalive_at = None if idle is None else now + idle
         if advance > 0:
             self._on_new_ack(ack, now)
         # RFC 9293 §3.10.7.4's window update, as _on_ack does it (SND.UNA <= SEG.ACK here).
@@ -854,8 +874,12 @@ class TcpConnection:
                 self._max_snd_wnd = window
             self._snd_wl1, self._snd_wl2 = seq, ack
         if size:
-            self._deliver(bytes(segment[20:]))
-            self._events.append(DataReceived(available=len(self._rcvbuf)))
+            # _deliver(), written out.
+            rcvbuf = self._rcvbuf
+            rcvbuf += segment[20:]
+            self._rcv_nxt = (seq + size) & _MASK
+            self._bytes_received += size
+            self._events.append(DataReceived(available=len(rcvbuf)))
             if self.config.delayed_ack is None:
                 self._ack_pending = True
             else:
@@ -1074,8 +1098,10 @@ class TcpConnection:
             self._rtt_sample(now - self._rtt_time)
             self._rtt_seq = None
         # Drop acknowledged bytes from the send buffer (the FIN is not in it).
-        n = min(max(((ack - self._sndbuf_seq + _HALF) & _MASK) - _HALF, 0), len(self._sndbuf))
-        if n:
+        n = ((ack - self._sndbuf_seq + _HALF) & _MASK) - _HALF
+        if n > 0:
+            if n > len(self._sndbuf):
+                n = len(self._sndbuf)
             del self._sndbuf[:n]
             self._sndbuf_seq = (self._sndbuf_seq + n) & _MASK
         self._snd_una = ack
@@ -1100,11 +1126,12 @@ class TcpConnection:
                 return
         else:
             self._dupacks = 0
-            if self._cwnd < self._ssthresh:
-                self._cwnd += min(acked, mss)  # slow start (RFC 5681 eq. 2)
+            cwnd = self._cwnd
+            if cwnd < self._ssthresh:
+                cwnd += acked if acked < mss else mss  # slow start (RFC 5681 eq. 2)
             else:
-                self._cwnd += max(1, mss * mss // self._cwnd)  # congestion avoidance (eq. 3)
-            self._cwnd = min(self._cwnd, _CWND_CAP)
+                cwnd += max(1, mss * mss // cwnd)  # congestion avoidance (eq. 3)
+            self._cwnd = cwnd if cwnd < _CWND_CAP else _CWND_CAP
         # RFC 6298 §5.2-5.3: stop the timer when all is acknowledged, else restart it.
         self._rtx_at = None if self._snd_una == self._snd_max else now + self._rto
 
@@ -1285,13 +1312,26 @@ class TcpConnection:
         """The window to put in a segment: the right edge moves only by min(buffer / 2, MSS)
         or more (receiver SWS avoidance) and never moves left (RFC 9293 §3.8.6.2.2)."""
         rcv_nxt = self._rcv_nxt
-        # _window_can_move() and _free_space(), written out: this runs for every segment.
+        # _window_can_move() and _free_space(), written out with comparisons rather than
+        # min() and max() calls: this runs for every segment.
         receive_buffer = self.config.receive_buffer
-        edge = (rcv_nxt + min(max(receive_buffer - len(self._rcvbuf), 0), _MAX_WINDOW)) & _MASK
-        threshold = max(min(receive_buffer // 2, self._eff_mss), 1)
+        room = receive_buffer - len(self._rcvbuf)
+        if room < 0:
+            room = 0
+        elif room > _MAX_WINDOW:
+            room = _MAX_WINDOW
+        edge = (rcv_nxt + room) & _MASK
+        threshold = receive_buffer // 2
+        if threshold > self._eff_mss:
+            threshold = self._eff_mss
+        if threshold < 1:
+            threshold = 1
         if ((edge - self._rcv_adv + _HALF) & _MASK) - _HALF >= threshold:
             self._rcv_adv = edge
-        return min(max(((self._rcv_adv - rcv_nxt + _HALF) & _MASK) - _HALF, 0), _MAX_WINDOW)
+        window = ((self._rcv_adv - rcv_nxt + _HALF) & _MASK) - _HALF
+        if window < 0:
+            return 0
+        return window if window < _MAX_WINDOW else _MAX_WINDOW
 
     def _flight(self) -> int:
         return seq_diff(self._snd_max, self._snd_una)
@@ -1313,7 +1353,10 @@ class TcpConnection:
                 self._send_syn(now)
             return
         if state is not TcpState.TIME_WAIT:
-            self._send_data(now)
+            if self._fin_queued or self._snd_nxt != (self._sndbuf_seq + len(self._sndbuf)) & _MASK:
+                self._send_data(now)
+            else:
+                self._force_send = False  # nothing to send: what _send_data would conclude
         if self._ack_pending:
             self._send_ack()
         self._update_persist(now)
@@ -1340,7 +1383,12 @@ class TcpConnection:
         while True:
             unsent = ((fin_seq - self._snd_nxt + _HALF) & _MASK) - _HALF
             if unsent > 0:
-                size = min(mss, unsent, self._usable())
+                # _usable(), written out: min(SND.WND, cwnd) less what is outstanding.
+                usable = self._snd_wnd if self._snd_wnd < self._cwnd else self._cwnd
+                usable -= ((self._snd_nxt - self._snd_una + _HALF) & _MASK) - _HALF
+                size = mss if mss < unsent else unsent
+                if usable < size:
+                    size = usable
                 if size <= 0:
                     break
                 resend = ((self._snd_nxt - self._snd_max + _HALF) & _MASK) - _HALF < 0
@@ -1377,7 +1425,7 @@ class TcpConnection:
     def _send_range(self, seq: int, size: int, fin: bool, now: float) -> None:
         """Emit data ``seq .. seq + size`` (and a FIN): a first transmission or a resend."""
         start = ((seq - self._sndbuf_seq + _HALF) & _MASK) - _HALF
-        payload = bytes(self._sndbuf[start : start + size])
+        payload = self._sndbuf[start : start + size]  # one copy; the header is added to it
         flags = _ACK
         if payload and start + size == len(self._sndbuf):
             flags |= _PSH
@@ -1415,9 +1463,12 @@ class TcpConnection:
     def _update_persist(self, now: float) -> None:
         """Run the persist timer while data waits, nothing is in flight and nothing could be
         sent (a zero window, or one too small for SWS avoidance)."""
-        fin_seq = (self._sndbuf_seq + len(self._sndbuf)) & _MASK  # _fin_seq()
-        waiting = ((fin_seq - self._snd_nxt + _HALF) & _MASK) - _HALF > 0
-        if waiting and self._snd_una == self._snd_max and self._rtx_at is None:
+        # Cheapest test first: in a transfer the retransmission timer runs (data in flight).
+        if (
+            self._rtx_at is None
+            and self._snd_una == self._snd_max
+            and ((self._sndbuf_seq + len(self._sndbuf) - self._snd_nxt + _HALF) & _MASK) - _HALF > 0
+        ):
             if self._persist_at is None:
                 self._persist_at = now + self._persist_interval()
         else:
@@ -1437,12 +1488,13 @@ class TcpConnection:
         self,
         seq: int,
         flags: int,
-        payload: bytes = b"",
+        payload: bytes | bytearray = b"",
         options: TcpOptions | None = None,
     ) -> None:
         ack = 0
         window = 0
-        flags = int(flags)
+        if type(flags) is not int:
+            flags = int(flags)  # a TcpFlags
         if flags & _ACK:
             ack = self._rcv_nxt
             window = self._advertise()
@@ -1454,25 +1506,10 @@ class TcpConnection:
                 self._advertise() if self._state is not TcpState.SYN_SENT else self._free_space()
             )
         if options is None:
-            # Fast path, every data segment and ACK: the bytes straight from the fields with
-            # the precompiled struct codec, the same bytes build() makes of the Segment below.
+            # Fast path, every data segment and ACK: the bytes from the connection's header
+            # template, the same bytes build() makes of the Segment below.
             self._segments_out += 1
-            if self._tx_sum:
-                data = build_fields(
-                    self.local_port,
-                    self.remote_port,
-                    seq,
-                    ack,
-                    flags,
-                    window,
-                    payload,
-                    self.local_ip,
-                    self.remote_ip,
-                )
-            else:
-                data = build_fields(
-                    self.local_port, self.remote_port, seq, ack, flags, window, payload
-                )
+            data = self._template.build(seq, ack, flags, window, payload)
             self._outbox.append(data)
             return
         segment = Segment(
@@ -1483,7 +1520,7 @@ class TcpConnection:
             flags=TcpFlags(flags),
             window=window,
             options=options,
-            payload=payload,
+            payload=bytes(payload),
         )
         self._emit_segment(segment)
 
