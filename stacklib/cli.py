@@ -18,47 +18,12 @@ import argparse
 import importlib
 import json
 import sys
-import tomllib
 from collections.abc import Sequence
 from typing import Any
 
 from stacklib import __version__
+from stacklib.commands._common import add_set_option, load_recipe
 from stacklib.errors import ConfigError, FormatError, StacklibError
-
-
-def _parse_assignment(text: str) -> tuple[list[str], object]:
-    key, sep, raw = text.partition("=")
-    if not sep or not key:
-        raise ConfigError("--set", text, "expected KEY=VALUE, e.g. workload.iterations=100")
-    try:
-        value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw  # a bare word is taken as a string: --set run.clock=virtual
-    return key.split("."), value
-
-
-def _apply_overrides(data: dict[str, Any], assignments: Sequence[str]) -> None:
-    for text in assignments:
-        path, value = _parse_assignment(text)
-        table = data
-        for part in path[:-1]:
-            table = table.setdefault(part, {})
-            if not isinstance(table, dict):
-                raise ConfigError("--set", text, f"{part} is not a table")
-        table[path[-1]] = value
-
-
-def _load(recipe: str, assignments: Sequence[str]) -> Any:
-    from stacklib.recipes import find_recipe, parse_recipe
-
-    path = find_recipe(recipe)
-    try:
-        with path.open("rb") as handle:
-            data = tomllib.load(handle)
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(str(path), "", f"not valid TOML: {error}") from None
-    _apply_overrides(data, assignments)
-    return parse_recipe(data, str(path), path)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -80,7 +45,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from stacklib.recipes import run_recipe
 
-    recipe = _load(args.recipe, args.set)
+    recipe = load_recipe(args.recipe, args.set)
     result = run_recipe(recipe, seed=args.seed, pcap=args.pcap)
     if args.json:
         print(result.to_json())
@@ -191,7 +156,7 @@ def _bench_workload(args: argparse.Namespace) -> Any:
         raise ConfigError("command line", args.bench, "give a RECIPE or --transport")
     if args.compare is not None or args.netns:
         raise ConfigError("command line", "--compare/--netns", "apply to --transport runs")
-    recipe = _load(args.recipe, args.set)
+    recipe = load_recipe(args.recipe, args.set)
     kind = workload_kind(args.bench)
     top = recipe.layers[-1][0].provides if recipe.layers else None
     if top is not None and not issubclass(top, kind.requires):
@@ -228,6 +193,13 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     return run_experiments(only=args.only, as_json=args.json, plots=args.plots, everything=args.all)
 
 
+def _wall_clock_options(b: argparse.ArgumentParser, repeat: int) -> None:
+    """What every wall-clock bench takes: best of ``repeat`` runs, JSON output."""
+    b.add_argument("--repeat", type=int, default=repeat, help="runs of each; the best is kept")
+    b.add_argument("--json", action="store_true", help="print JSON")
+    b.set_defaults(func=cmd_bench)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stacklib",
@@ -244,10 +216,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_list)
 
-    set_help = (
-        "override a recipe value before validation, KEY=VALUE with a dotted key and a TOML "
-        "value, e.g. --set workload.iterations=100 (repeatable)"
-    )
     p = commands.add_parser(
         "run",
         help="run a recipe's workload and print its results",
@@ -257,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("recipe", metavar="RECIPE", help="recipe name or path to a .toml file")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--seed", type=int, default=None, help="override the recipe's seed")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
+    add_set_option(p)
     p.add_argument(
         "--pcap",
         metavar="FILE",
@@ -289,9 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--iterations", type=int, default=20000, help="round trips per run")
     b.add_argument("--size", type=int, default=40, help="message size in bytes")
-    b.add_argument("--repeat", type=int, default=3, help="runs of each; the best is kept")
-    b.add_argument("--json", action="store_true", help="print JSON")
-    b.set_defaults(func=cmd_bench)
+    _wall_clock_options(b, repeat=3)
     b = benches.add_parser(
         "tcp",
         help="TCP bulk transfer over the memory transport vs the kernel's TCP loopback",
@@ -301,9 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--size", type=int, default=4 << 20, help="bytes per transfer")
     b.add_argument("--chunk", type=int, default=65536, help="bytes per write")
-    b.add_argument("--repeat", type=int, default=3, help="runs of each; the best is kept")
-    b.add_argument("--json", action="store_true", help="print JSON")
-    b.set_defaults(func=cmd_bench)
+    _wall_clock_options(b, repeat=3)
     b = benches.add_parser(
         "real",
         help="U-Net over shared memory vs kernel UDP sockets between two processes",
@@ -320,9 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["shm", "udp", "trio", "udp1", "uam", "uamtrio", "rate", "bulk"],
         help="run only these measurements (uam: UAM request/reply with explicit polling)",
     )
-    b.add_argument("--repeat", type=int, default=3, help="runs of each; the best is kept")
-    b.add_argument("--json", action="store_true", help="print JSON")
-    b.set_defaults(func=cmd_bench)
+    _wall_clock_options(b, repeat=3)
     b = benches.add_parser(
         "single-copy",
         help="U-Net/MM single-copy transfers by the OS service vs the shm ring path",
@@ -332,9 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--count", type=int, default=400, help="transfers per size and path")
     b.add_argument("--window", type=int, default=8, help="transfers in flight")
-    b.add_argument("--repeat", type=int, default=5, help="runs of each; the best is kept")
-    b.add_argument("--json", action="store_true", help="print JSON")
-    b.set_defaults(func=cmd_bench)
+    _wall_clock_options(b, repeat=5)
     for name, summary in (
         ("pingpong", "round-trip time vs message size (paper 000 Fig 3)"),
         ("bandwidth", "unidirectional, ping-pong and simultaneous bandwidth (paper 004 §4.2)"),
@@ -380,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
                 choices=["unidirectional", "pingpong", "simultaneous"],
                 help="which bandwidths",
             )
-        b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
+        add_set_option(b)
         b.add_argument("--pcap", metavar="FILE", help="capture the simulated link to FILE")
         b.add_argument("--json", action="store_true", help="print JSON")
         b.set_defaults(func=cmd_bench)

@@ -24,6 +24,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -39,6 +40,9 @@ from stacklib.transports.shm import (
     spawn_peer,
 )
 from stacklib.unet import EndpointConfig
+
+if TYPE_CHECKING:
+    from multiprocessing.process import BaseProcess
 
 _BULK = 65536
 
@@ -57,7 +61,7 @@ def pinned(cpu: int | None) -> Iterator[None]:
         os.sched_setaffinity(0, old)
 
 
-def _placement(same_cpu: bool) -> tuple[int | None, int | None]:
+def placement(same_cpu: bool) -> tuple[int | None, int | None]:
     """(this process's CPU, the peer's CPU): two different CPUs, or both on CPU 0."""
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if len(cpus) < 2:
@@ -65,12 +69,13 @@ def _placement(same_cpu: bool) -> tuple[int | None, int | None]:
     return (cpus[0], cpus[0]) if same_cpu else (cpus[0], cpus[1])
 
 
-def _open(
+def open_endpoint(
     network: ShmNetwork,
     config: EndpointConfig | None = None,
     name: str = "main",
     remote: str = "peer",
 ) -> tuple[ShmEndpoint, int]:
+    """A bench endpoint on a new node ``name`` with a channel to ``remote``'s port 1."""
     node = network.add_node(name)
     endpoint = node.os.create_endpoint(node.os.process("bench"), config, port=1)
     if not isinstance(endpoint, ShmEndpoint):
@@ -91,7 +96,7 @@ def _wait_attached(endpoint: ShmEndpoint, channel: int, timeout: float = 30.0) -
 def shm_pingpong(iterations: int, size: int = 40, mode: str = "poll", warmup: int = 200) -> float:
     """Mean round trip (s) of ``size``-byte messages to an echoing peer process over shm."""
     with ShmNetwork() as network:
-        endpoint, channel = _open(network)
+        endpoint, channel = open_endpoint(network)
         peer = spawn_peer(PeerSpec(network.directory, "peer", 1, "main", 1, role="echo", mode=mode))
         try:
             _wait_attached(endpoint, channel)
@@ -150,7 +155,7 @@ def _uam_peer(directory: str, cpu: int | None, kind: str, mode: str, spin: float
         os.sched_setaffinity(0, {cpu})
     network = ShmNetwork(directory=directory, spin_time=spin)
     try:
-        endpoint, channel = _open(network, name="peer", remote="main")
+        endpoint, channel = open_endpoint(network, name="peer", remote="main")
         trio.run(_uam_serve, endpoint, channel, kind, mode)
     finally:
         network.close()
@@ -208,9 +213,9 @@ def uam_pingpong(
         raise ValueError(f"no UAM benchmark of kind {kind!r} in mode {mode!r}")
     import multiprocessing
 
-    mine, theirs = _placement(False)
+    mine, theirs = placement(False)
     with ShmNetwork(spin_time=spin) as network, pinned(mine):
-        endpoint, channel = _open(network)
+        endpoint, channel = open_endpoint(network)
         context = multiprocessing.get_context("spawn")
         peer = context.Process(
             target=_uam_peer,
@@ -314,9 +319,9 @@ def shm_stream(count: int, size: int) -> float:
     peer_config = EndpointConfig(
         segment_size=1 << 20, tx_buffers=4, tx_buffer_size=max(size, 64), rx_buffers=1
     )
-    mine, theirs = _placement(False)
+    mine, theirs = placement(False)
     with ShmNetwork(ring_bytes=ring, max_message=max(size, 64)) as network, pinned(mine):
-        endpoint, channel = _open(network)
+        endpoint, channel = open_endpoint(network)
         peer = spawn_peer(
             PeerSpec(
                 network.directory,
@@ -333,37 +338,46 @@ def shm_stream(count: int, size: int) -> float:
                 config=peer_config,
             )
         )
-        try:
-            poll = endpoint.poll
-            deadline = time.monotonic() + 30
-            while (first := poll()) is None:
-                if time.monotonic() > deadline or not peer.is_alive():
-                    raise RuntimeError("the shm source process sent nothing")
-            start = time.perf_counter()
-            received = 1 if first.data else 0
-            idle = 0
-            while True:
-                message = poll()
-                if message is None:
-                    idle += 1
-                    relax(idle)
-                    if idle & 0xFFFFF == 0 and not peer.is_alive():
-                        raise RuntimeError("the shm source process died mid-stream")
-                    continue
-                if not message.data:
-                    break
-                received += 1
-            elapsed = time.perf_counter() - start
-            endpoint.send_nowait(channel, b"done")
-            if received != count:
-                raise RuntimeError(f"shm stream lost messages: {received} of {count}")
-            # The first message's arrival starts the clock, so count-1 intervals were timed.
-            return elapsed * count / max(count - 1, 1)
-        finally:
+        return drain_stream(endpoint, channel, peer, count, "shm")
+
+
+def drain_stream(
+    endpoint: ShmEndpoint, channel: int, peer: BaseProcess, count: int, what: str
+) -> float:
+    """Busy-poll ``count`` messages, then an empty one, that ``peer`` streams on ``channel``;
+    answer "done" and reap ``peer``.  Returns seconds from the first arrival to the last,
+    scaled to ``count``; ``what`` names the path in errors."""
+    try:
+        poll = endpoint.poll
+        deadline = time.monotonic() + 30
+        while (first := poll()) is None:
+            if time.monotonic() > deadline or not peer.is_alive():
+                raise RuntimeError(f"the {what} source process sent nothing")
+        start = time.perf_counter()
+        received = 1 if first.data else 0
+        idle = 0
+        while True:
+            message = poll()
+            if message is None:
+                idle += 1
+                relax(idle)
+                if idle & 0xFFFFF == 0 and not peer.is_alive():
+                    raise RuntimeError(f"the {what} source process died mid-stream")
+                continue
+            if not message.data:
+                break
+            received += 1
+        elapsed = time.perf_counter() - start
+        endpoint.send_nowait(channel, b"done")
+        if received != count:
+            raise RuntimeError(f"{what} stream lost messages: {received} of {count}")
+        # The first message's arrival starts the clock, so count-1 intervals were timed.
+        return elapsed * count / max(count - 1, 1)
+    finally:
+        peer.join(5)
+        if peer.is_alive():
+            peer.kill()
             peer.join(5)
-            if peer.is_alive():
-                peer.kill()
-                peer.join(5)
 
 
 def _udp_echo(port_out: object, cpu: int | None) -> None:
@@ -386,7 +400,7 @@ def udp_pingpong(
     """Mean round trip (s) over kernel UDP sockets between two processes (blocking I/O)."""
     import multiprocessing
 
-    mine, theirs = _placement(same_cpu)
+    mine, theirs = placement(same_cpu)
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     peer = context.Process(target=_udp_echo, args=(queue, theirs), daemon=True)

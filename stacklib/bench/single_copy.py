@@ -31,7 +31,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 
-from stacklib.bench.real import pinned
+from stacklib.bench.real import drain_stream, open_endpoint, pinned, placement
 from stacklib.bench.result import Cell, Column, Result
 from stacklib.daemon import DaemonClient, DaemonError
 from stacklib.transports import xmem
@@ -39,7 +39,6 @@ from stacklib.transports.shm import (
     PeerSpec,
     RegionSpec,
     ShmAddress,
-    ShmEndpoint,
     ShmNetwork,
     relax,
     spawn_peer,
@@ -51,12 +50,6 @@ END = 0xFFFFFFFF
 SLOTS = 16
 SENDER, RECEIVER = ShmAddress("xsend", 1), ShmAddress("xrecv", 1)
 _SPEC = RegionSpec(1 << 16, 4096)  # the channel's own rings are not used here
-
-
-def _placement() -> tuple[int | None, int | None]:
-    """(this process's CPU, the other side's CPU): the first two CPUs, or no pinning."""
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    return (cpus[0], cpus[1]) if len(cpus) >= 2 else (None, None)
 
 
 @contextlib.contextmanager
@@ -195,13 +188,9 @@ def ring_stream(count: int, size: int) -> float:
     config = EndpointConfig(
         segment_size=4 * size + 4096, tx_buffers=4, tx_buffer_size=size, rx_buffers=1
     )
-    mine, theirs = _placement()
+    mine, theirs = placement(False)
     with ShmNetwork(ring_bytes=ring, max_message=size) as network, pinned(mine):
-        node = network.add_node("main")
-        endpoint = node.os.create_endpoint(node.os.process("bench"), port=1)
-        if not isinstance(endpoint, ShmEndpoint):
-            raise TypeError(f"expected a ShmEndpoint, got {endpoint!r}")
-        channel = node.os.create_channel(endpoint.owner, endpoint, ShmAddress("peer", 1))
+        endpoint, channel = open_endpoint(network)
         peer = spawn_peer(
             PeerSpec(
                 *(network.directory, "peer", 1, "main", 1),
@@ -214,35 +203,7 @@ def ring_stream(count: int, size: int) -> float:
                 config=config,
             )
         )
-        try:
-            poll = endpoint.poll
-            deadline = time.monotonic() + 30
-            while poll() is None:
-                if time.monotonic() > deadline or not peer.is_alive():
-                    raise RuntimeError("the shm source process sent nothing")
-            start = time.perf_counter()
-            received, idle = 1, 0
-            while True:
-                message = poll()
-                if message is None:
-                    idle += 1
-                    relax(idle)
-                    if idle & 0xFFFFF == 0 and not peer.is_alive():
-                        raise RuntimeError("the shm source process died mid-stream")
-                    continue
-                if not message.data:
-                    break
-                received += 1
-            elapsed = time.perf_counter() - start
-            endpoint.send_nowait(channel, b"done")
-            if received != count:
-                raise RuntimeError(f"ring stream lost messages: {received} of {count}")
-            return elapsed * count / max(count - 1, 1)
-        finally:
-            peer.join(5)
-            if peer.is_alive():
-                peer.kill()
-                peer.join(5)
+        return drain_stream(endpoint, channel, peer, count, "shm")
 
 
 def bench_single_copy(
@@ -258,7 +219,7 @@ def bench_single_copy(
     if window < 1 or count < window or not sizes:
         raise ValueError("need window >= 1, count >= window and at least one size")
     largest = max(sizes)
-    mine, theirs = _placement()
+    mine, theirs = placement(False)
     single: dict[int, float] = {}
     queued: dict[int, float] = {}
     ring: dict[int, float] = {}

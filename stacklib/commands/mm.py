@@ -15,48 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
-from stacklib.errors import ConfigError
-
-
-def _sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(part) for part in text.split(",") if part]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected sizes like 256,1024, not {text!r}") from None
-    if not sizes or any(size <= 0 for size in sizes):
-        raise argparse.ArgumentTypeError(f"sizes must be positive, not {text!r}")
-    return sizes
-
-
-def _load_recipe(name: str, assignments: list[str]) -> Any:
-    from stacklib.recipes import find_recipe, parse_recipe
-
-    path = find_recipe(name)
-    try:
-        with path.open("rb") as handle:
-            data: dict[str, Any] = tomllib.load(handle)
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(str(path), "", f"not valid TOML: {error}") from None
-    for text in assignments:
-        key, sep, raw = text.partition("=")
-        if not sep or not key:
-            raise ConfigError("--set", text, "expected KEY=VALUE, e.g. workload.iterations=100")
-        try:
-            value = tomllib.loads(f"v = {raw}")["v"]
-        except tomllib.TOMLDecodeError:
-            value = raw
-        table = data
-        *parents, last = key.split(".")
-        for part in parents:
-            table = table.setdefault(part, {})
-            if not isinstance(table, dict):
-                raise ConfigError("--set", text, f"{part} is not a table")
-        table[last] = value
-    return parse_recipe(data, str(path), path)
+from stacklib.commands._common import add_set_option, load_recipe, matplotlib_missing, sizes_type
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
@@ -88,7 +50,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
         else:
             from stacklib.recipes import run_recipe
 
-            recipe = _load_recipe(args.recipe, args.set)
+            recipe = load_recipe(args.recipe, args.set)
             recorder = TraceRecorder()
             with recorder.installed():
                 run_recipe(recipe, seed=args.seed)
@@ -118,16 +80,8 @@ def cmd_tlbsim(args: argparse.Namespace) -> int:
     from stacklib.unet.mm.tlbsim import format_results, simulate
     from stacklib.unet.mm.trace import parse_trace
 
-    if args.plot is not None:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError as error:
-            print(
-                f"stacklib tlbsim: --plot needs matplotlib ({error}); "
-                "install it with: pip install 'stacklib[plot]'",
-                file=sys.stderr,
-            )
-            return 2
+    if args.plot is not None and matplotlib_missing("tlbsim", "--plot"):
+        return 2
     results = []
     for name in args.traces:
         trace = parse_trace(Path(name).read_bytes())
@@ -207,13 +161,7 @@ def add_commands(commands: argparse._SubParsersAction[Any]) -> None:
         default="sim-memory",
         help="Split-C cluster transport (sim-memory: virtual time, deterministic)",
     )
-    r.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a recipe value, e.g. --set workload.iterations=100 (repeatable)",
-    )
+    add_set_option(r)
     r.set_defaults(func=cmd_trace)
     s = actions.add_parser("show", help="summarize a trace file")
     s.add_argument("file", metavar="FILE")
@@ -230,7 +178,7 @@ def add_commands(commands: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("traces", metavar="TRACE", nargs="+", help="trace files")
     p.add_argument(
         "--entries",
-        type=_sizes,
+        type=sizes_type("256,1024"),
         default=[256, 1024],
         metavar="N,N",
         help="primary TLB sizes (256,1024)",

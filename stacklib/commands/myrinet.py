@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from stacklib.commands._common import matplotlib_missing, sizes_type
+
 _TITLES = {
     1: "Table 1: programming model (paper 004)",
     2: "Table 2: implementation (paper 004)",
@@ -33,13 +35,10 @@ def cmd_libraries(args: argparse.Namespace) -> int:
             print(f"{int(row['size']):8d}" + "".join(f"{row[k]:15.1f}" for k in keys))
         return 0
     if args.plots is not None:
-        try:
-            import matplotlib  # noqa: F401
-
-            from stacklib.experiments.myrinet import plot_figures
-        except ImportError as error:
-            print(f"stacklib libraries: --plots needs matplotlib ({error})")
+        if matplotlib_missing("libraries", "--plots"):
             return 2
+        from stacklib.experiments.myrinet import plot_figures
+
         for path in plot_figures(args.plots):
             print(path)
         return 0
@@ -54,16 +53,6 @@ def cmd_libraries(args: argparse.Namespace) -> int:
         print(table(number, libraries))
         print()
     return 0
-
-
-def _sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(part) for part in text.split(",") if part]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected sizes like 4,256,4096, not {text!r}") from None
-    if not sizes or any(size <= 0 for size in sizes):
-        raise argparse.ArgumentTypeError(f"sizes must be positive, not {text!r}")
-    return sizes
 
 
 def add_commands(commands: argparse._SubParsersAction[Any]) -> None:
@@ -82,5 +71,7 @@ def add_commands(commands: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--fig2", action="store_true", help="print the host<->NI bandwidths (Fig 2)")
     p.add_argument("--logp", choices=sorted(LIBRARIES), help="measure LogP of one library")
     p.add_argument("--plots", metavar="DIR", help="draw Figs 2, 4-8 and 10-12 into DIR")
-    p.add_argument("--sizes", type=_sizes, metavar="N,N", help="message sizes for --logp")
+    p.add_argument(
+        "--sizes", type=sizes_type("4,256,4096"), metavar="N,N", help="message sizes for --logp"
+    )
     p.set_defaults(func=cmd_libraries)

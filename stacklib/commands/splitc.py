@@ -19,17 +19,9 @@ import tempfile
 import time
 from typing import Any
 
+from stacklib.commands._common import sizes_type
+
 REAL = ("shm", "udp")
-
-
-def _sizes(text: str) -> tuple[int, ...]:
-    try:
-        sizes = tuple(int(part) for part in text.split(",") if part)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected sizes like 8,128, not {text!r}") from None
-    if not sizes or any(size <= 0 for size in sizes):
-        raise argparse.ArgumentTypeError(f"sizes must be positive, not {text!r}")
-    return sizes
 
 
 def _print(benchmark: str, transport: str, n: int, rows: list[tuple[bool, float, float]]) -> int:
@@ -127,7 +119,9 @@ def add_commands(commands: argparse._SubParsersAction[Any]) -> None:
         "shm or udp",
     )
     run.add_argument("--small", action="store_true", help="test sizes instead of the paper's")
-    run.add_argument("--size", type=_sizes, metavar="N,N", help="the program's size arguments")
+    run.add_argument(
+        "--size", type=sizes_type("8,128"), metavar="N,N", help="the program's size arguments"
+    )
     run.add_argument("--seed", type=int, default=1)
     run.set_defaults(func=cmd_run)
     listing = sub.add_parser("list", help="the benchmarks, machines and transports")

@@ -51,10 +51,10 @@ from stacklib.errors import ChannelError
 from stacklib.sim import Host, RealWorld, World
 from stacklib.sim.costs import CostProfile
 from stacklib.transports import TransportKind, register_transport
-from stacklib.transports.socket_ni import SocketNI
+from stacklib.transports.socket_ni import HandleNetwork, SocketNI
 from stacklib.unet.endpoint import Channel, DropReason, Endpoint
 from stacklib.unet.ni import Payload
-from stacklib.unet.node import Node, total_drops
+from stacklib.unet.node import Node
 from stacklib.unet.os_service import OSService, Policy
 from stacklib.unet.polled import PolledEndpoint
 from stacklib.wire import unet_eth
@@ -215,7 +215,7 @@ class EtherEndpoint(PolledEndpoint):
 EtherNI.endpoint_class = EtherEndpoint
 
 
-class EtherNetwork:
+class EtherNetwork(HandleNetwork):
     """This process's U-Net/FE node(s) on one Ethernet interface.
 
     Every host on the segment makes its own ``EtherNetwork`` on its interface and adds one node;
@@ -252,20 +252,6 @@ class EtherNetwork:
         node = Node(name, host, ni, OSService(ni, policy=policy))
         self.nodes[name] = node
         return node
-
-    def dropped(self) -> dict[str, int]:
-        return total_drops(self.nodes.values())
-
-    def close(self) -> None:
-        for node in self.nodes.values():
-            if isinstance(node.ni, EtherNI):
-                node.ni.close()
-
-    def __enter__(self) -> EtherNetwork:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 # ==================================================================== the echo peer

@@ -50,11 +50,12 @@ from stacklib.services import FrameService
 from stacklib.sim import Host, RealWorld, World
 from stacklib.sim.costs import CostProfile
 from stacklib.transports import TransportKind, register_transport
+from stacklib.transports.socket_ni import HandleNetwork, HandleNI
 from stacklib.unet.endpoint import Channel, DropReason, Endpoint
 from stacklib.unet.ni import Payload
-from stacklib.unet.node import Node, total_drops
+from stacklib.unet.node import Node
 from stacklib.unet.os_service import OSService, Policy
-from stacklib.unet.polled import PolledEndpoint, PolledNI
+from stacklib.unet.polled import PolledEndpoint
 from stacklib.wire.descriptor import SendDescriptor
 
 __all__ = [
@@ -499,7 +500,7 @@ def _mac_bytes(text: str) -> bytes:
     return value
 
 
-class TapNI(PolledNI):
+class TapNI(HandleNI):
     """The NI of one node of a :class:`TapNetwork`: a TAP device whose kernel side is a port
     of the network's Linux bridge.
 
@@ -523,9 +524,7 @@ class TapNI(PolledNI):
         )
         self.device = device
         self.mac = device.mac
-        self._tx_blocked = False
-        self._sleeper = False
-        self._lot = trio.lowlevel.ParkingLot()
+        self._init_waiting()
         #: Frames for another MAC, or of another EtherType: not this node's traffic.
         self.ignored = 0
 
@@ -587,28 +586,11 @@ class TapNI(PolledNI):
             self._resume()
         return delivered
 
-    async def idle_wait(self) -> None:
-        """Sleep until the device is ready (one task per node; others park behind it)."""
-        if self._sleeper:
-            await self._lot.park()
-            return
-        self._sleeper = True
-        try:
-            fd = self.device.fileno()
-            if self._tx_blocked:
-                await trio.lowlevel.wait_writable(fd)
-            else:
-                await trio.lowlevel.wait_readable(fd)
-        finally:
-            self._sleeper = False
-            self._lot.unpark_all()
+    def _handle(self) -> int:
+        return self.device.fileno()
 
-    def close(self) -> None:
-        """Close every endpoint of the node, then the device (which deletes its interface)."""
-        for endpoint in list(self.endpoints.values()):
-            if not endpoint.closed:
-                endpoint.close()
-        self.device.close()
+    def _close_handle(self) -> None:
+        self.device.close()  # which deletes its interface
 
 
 class TapEndpoint(PolledEndpoint):
@@ -620,7 +602,7 @@ class TapEndpoint(PolledEndpoint):
 TapNI.endpoint_class = TapEndpoint
 
 
-class TapNetwork:
+class TapNetwork(HandleNetwork):
     """Nodes on TAP devices joined by a Linux bridge: real Ethernet frames through the kernel.
 
     Each node is a host at the end of its own TAP "cable"; the kernel interfaces are ports of
@@ -697,21 +679,10 @@ class TapNetwork:
         self.nodes[name] = node
         return node
 
-    def dropped(self) -> dict[str, int]:
-        return total_drops(self.nodes.values())
-
     def close(self) -> None:
         """Close the nodes and remove the bridge (and a namespace made for the network)."""
-        for node in self.nodes.values():
-            if isinstance(node.ni, TapNI):
-                node.ni.close()
+        super().close()
         self._finalizer()
-
-    def __enter__(self) -> TapNetwork:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 def _tear_down(

@@ -42,10 +42,10 @@ from stacklib.errors import ChannelError, FormatError
 from stacklib.sim import Host, RealWorld, World
 from stacklib.sim.costs import CostProfile
 from stacklib.transports import TransportKind, register_transport
-from stacklib.transports.socket_ni import SocketNI
+from stacklib.transports.socket_ni import HandleNetwork, SocketNI
 from stacklib.unet.endpoint import Channel, DropReason, Endpoint
 from stacklib.unet.ni import Payload
-from stacklib.unet.node import Node, total_drops
+from stacklib.unet.node import Node
 from stacklib.unet.os_service import OSService, Policy
 from stacklib.unet.polled import PolledEndpoint
 from stacklib.wire.descriptor import SendDescriptor
@@ -217,7 +217,7 @@ class UdpEndpoint(PolledEndpoint):
 UdpNI.endpoint_class = UdpEndpoint
 
 
-class UdpNetwork:
+class UdpNetwork(HandleNetwork):
     """Nodes, each with a UDP socket on ``host`` (by default 127.0.0.1, kernel-chosen ports)."""
 
     kind = "udp"
@@ -258,20 +258,6 @@ class UdpNetwork:
         node = Node(name, host, ni, OSService(ni, policy=policy))
         self.nodes[name] = node
         return node
-
-    def dropped(self) -> dict[str, int]:
-        return total_drops(self.nodes.values())
-
-    def close(self) -> None:
-        for node in self.nodes.values():
-            if isinstance(node.ni, UdpNI):
-                node.ni.close()
-
-    def __enter__(self) -> UdpNetwork:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 def udp_echo_main(port_out: Any, port: int = 1) -> None:

@@ -474,20 +474,27 @@ class PoolState:
         os.close(self.fd)
 
 
-def create_pool(layout: PoolLayout, name: str) -> PoolState:
-    """A new sealed ``memfd`` pool, initialized and mapped (the daemon's side)."""
+def _sealed_memfd(name: str, size: int) -> tuple[int, mmap.mmap]:
+    """A new ``memfd`` of ``size`` bytes, sealed against resizing so a process that maps it
+    can trust its length, and mapped here."""
     import fcntl
 
     fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
-        os.ftruncate(fd, layout.total)
+        os.ftruncate(fd, size)
         fcntl.fcntl(
             fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
         )
-        region = mmap.mmap(fd, layout.total)
+        region = mmap.mmap(fd, size)
     except BaseException:
         os.close(fd)
         raise
+    return fd, region
+
+
+def create_pool(layout: PoolLayout, name: str) -> PoolState:
+    """A new sealed ``memfd`` pool, initialized and mapped (the daemon's side)."""
+    fd, region = _sealed_memfd(name, layout.total)
     layout.initialize(region)
     return PoolState(fd, region, layout)
 
@@ -548,18 +555,7 @@ class QueueLayout:
 
 def create_queue(layout: QueueLayout, name: str) -> tuple[int, mmap.mmap]:
     """A new sealed ``memfd`` request queue, initialized and mapped (the daemon's side)."""
-    import fcntl
-
-    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    try:
-        os.ftruncate(fd, layout.total)
-        fcntl.fcntl(
-            fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
-        )
-        region = mmap.mmap(fd, layout.total)
-    except BaseException:
-        os.close(fd)
-        raise
+    fd, region = _sealed_memfd(name, layout.total)
     words = memoryview(region)[:POOL_HEADER].cast("Q")
     words[0], words[_Q_SLOTS_W] = QUEUE_MAGIC, layout.slots
     words.release()

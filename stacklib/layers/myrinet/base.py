@@ -297,6 +297,9 @@ class MyrinetLibrary(DatagramService):
         _, done = self.cluster.dma(self.node, "n2h", max(packet.nbytes, 4), t, last)
         return done
 
+    def joined(self) -> None:
+        """The group is complete (:func:`open_group`): set up per-peer state here."""
+
     def arrive(self, packet: Packet, first: float, last: float) -> None:
         """A packet's first bytes reached this node's SRAM (``last``: when all will have)."""
         raise NotImplementedError
@@ -317,10 +320,13 @@ class MyrinetLibrary(DatagramService):
 
 
 def open_group(libs: Sequence[L]) -> list[L]:
-    """Join one instance per node (in node order) into a group; returns them as a list."""
+    """Join one instance per node (in node order) into a group, then tell each it has
+    :meth:`~MyrinetLibrary.joined`; returns them as a list."""
     members = list(libs)
     if [lib.index for lib in members] != list(range(len(members))):
         raise LibraryError("a group needs one instance per node, in node order")
     for lib in members:
         lib.group = list(members)
+    for lib in members:
+        lib.joined()
     return members

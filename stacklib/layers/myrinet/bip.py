@@ -23,7 +23,6 @@ message each time it has consumed a large one, and a large send waits for it.
 from __future__ import annotations
 
 from collections import deque
-from typing import ClassVar
 
 import attrs
 
@@ -93,7 +92,7 @@ class Bip(MyrinetLibrary):
         notification="None",
         short="PIO < 256 B",
     )
-    TABLE3: ClassVar[tuple[str, str, str, str, str]] = ("-", "Os", "Os", "Os", "-")
+    TABLE3 = ("-", "Os", "Os", "Os", "-")
 
     def __init__(
         self,
@@ -120,10 +119,12 @@ class Bip(MyrinetLibrary):
         synchronize: bool = False,
     ) -> list[Bip]:
         """An instance on every node of ``cluster``."""
-        libs = [cls(cluster, i, params, synchronize=synchronize) for i in range(len(cluster.nodes))]
-        for lib in libs:
-            lib._ready = {peer: 1 for peer in range(len(libs)) if peer != lib.index}
-        return open_group(libs)
+        return open_group(
+            [cls(cluster, i, params, synchronize=synchronize) for i in range(len(cluster.nodes))]
+        )
+
+    def joined(self) -> None:
+        self._ready = {peer: 1 for peer in self.peers}
 
     # --- sending -----------------------------------------------------------------------
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import ClassVar
 
 import attrs
 
@@ -191,7 +190,7 @@ class Fm(MyrinetLibrary):
         notification="Polling",
         short="PIO(WC) always",
     )
-    TABLE3: ClassVar[tuple[str, str, str, str, str]] = ("-", "L", "L", "Or", "-")
+    TABLE3 = ("-", "L", "L", "Or", "-")
 
     def __init__(self, cluster: Lanai4Cluster, index: int, params: FmParams | None = None) -> None:
         super().__init__(cluster, index)
@@ -205,10 +204,10 @@ class Fm(MyrinetLibrary):
     @classmethod
     def open(cls, cluster: Lanai4Cluster, params: FmParams | None = None) -> list[Fm]:
         """An instance on every node of ``cluster``."""
-        libs = open_group([cls(cluster, i, params) for i in range(len(cluster.nodes))])
-        for lib in libs:
-            lib._credits = {peer: lib.params.credits for peer in lib.peers}
-        return libs
+        return open_group([cls(cluster, i, params) for i in range(len(cluster.nodes))])
+
+    def joined(self) -> None:
+        self._credits = {peer: self.params.credits for peer in self.peers}
 
     def register(self, handler: Handler) -> int:
         """Register a receive handler on this node; returns its index (same order everywhere)."""

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import ClassVar
 
 import attrs
 import trio
@@ -155,7 +154,7 @@ class Gam(MyrinetLibrary):
         notification="Polling",
         short="PIO(WC) <= 32 B",
     )
-    TABLE3: ClassVar[tuple[str, str, str, str, str]] = ("Os", "Os", "L", "Or", "-")
+    TABLE3 = ("Os", "Os", "L", "Or", "-")
 
     def __init__(self, cluster: Lanai4Cluster, index: int, params: GamParams | None = None) -> None:
         super().__init__(cluster, index)
@@ -173,10 +172,10 @@ class Gam(MyrinetLibrary):
     @classmethod
     def open(cls, cluster: Lanai4Cluster, params: GamParams | None = None) -> list[Gam]:
         """An instance on every node of ``cluster``."""
-        libs = open_group([cls(cluster, i, params) for i in range(len(cluster.nodes))])
-        for lib in libs:
-            lib._tokens = {peer: lib.params.tokens for peer in lib.peers}
-        return libs
+        return open_group([cls(cluster, i, params) for i in range(len(cluster.nodes))])
+
+    def joined(self) -> None:
+        self._tokens = {peer: self.params.tokens for peer in self.peers}
 
     def register_request(self, handler: RequestHandler) -> int:
         """Register a request handler; returns its index (register in the same order on all)."""

@@ -17,8 +17,6 @@ than a packet are packetized, as paper 004's benchmarks do for PM (§4.1).
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import attrs
 
 from stacklib.layers.myrinet.base import (
@@ -75,8 +73,6 @@ class PmDaemon:
             Pm(self.cluster, i, params, daemon=self, job=job)
             for i in range(len(self.cluster.nodes))
         ]
-        for lib in libs:
-            lib._credits = {p: lib.params.credits for p in range(len(libs)) if p != lib.index}
         self.jobs[job] = open_group(libs)
         if self.scheduled is None:
             self.scheduled = job
@@ -115,7 +111,7 @@ class Pm(MyrinetLibrary):
         notification="Polling",
         short="DMA always",
     )
-    TABLE3: ClassVar[tuple[str, str, str, str, str]] = ("-", "L", "L", "L", "-")
+    TABLE3 = ("-", "L", "L", "L", "-")
 
     def __init__(
         self,
@@ -137,6 +133,9 @@ class Pm(MyrinetLibrary):
     def open(cls, cluster: Lanai4Cluster, params: PmParams | None = None) -> list[Pm]:
         """A daemon with one job, ``"job0"``, scheduled: its context on every node."""
         return PmDaemon(cluster).open("job0", params)
+
+    def joined(self) -> None:
+        self._credits = {peer: self.params.credits for peer in self.peers}
 
     def __repr__(self) -> str:
         return f"<Pm job={self.job!r} on {self.node.name}>"

@@ -20,8 +20,6 @@ receiver finds a newer sequence number in the slot and counts the ones it missed
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import attrs
 
 from stacklib.layers.myrinet.base import (
@@ -117,7 +115,7 @@ class Vmmc(MyrinetLibrary):
         notification="N/A",
         short="PIO < 64 B",
     )
-    TABLE3: ClassVar[tuple[str, str, str, str, str]] = ("-", "L", "L", "L", "-")
+    TABLE3 = ("-", "L", "L", "L", "-")
 
     def __init__(
         self, cluster: Lanai4Cluster, index: int, params: VmmcParams | None = None
@@ -134,12 +132,12 @@ class Vmmc(MyrinetLibrary):
     @classmethod
     def open(cls, cluster: Lanai4Cluster, params: VmmcParams | None = None) -> list[Vmmc]:
         """An instance on every node of ``cluster``."""
-        libs = open_group([cls(cluster, i, params) for i in range(len(cluster.nodes))])
-        for lib in libs:
-            for peer in lib.peers:
-                lib._slots[peer] = [None] * lib.params.slots
-                lib._send_seq[peer] = lib._recv_seq[peer] = 0
-        return libs
+        return open_group([cls(cluster, i, params) for i in range(len(cluster.nodes))])
+
+    def joined(self) -> None:
+        for peer in self.peers:
+            self._slots[peer] = [None] * self.params.slots
+            self._send_seq[peer] = self._recv_seq[peer] = 0
 
     # --- the VMMC API ------------------------------------------------------------------
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
 
+import trio
+
+from stacklib.layers.myrinet import MyrinetLibrary
 from stacklib.sim import Simulation
 from stacklib.transports.sim.lanai4 import Lanai4Cluster
 
@@ -16,3 +19,13 @@ def simulate(body: Callable[[Lanai4Cluster], Awaitable[T]], seed: int = 1) -> T:
     sim = Simulation(seed)
     cluster = Lanai4Cluster(sim)
     return sim.run(body, cluster)
+
+
+async def send_overheads(lib: MyrinetLibrary, sizes: Iterable[int]) -> list[float]:
+    """The virtual time ``lib.send`` to node 1 holds its caller, for a message of each size."""
+    costs = []
+    for size in sizes:
+        start = trio.current_time()
+        await lib.send(1, bytes(size))
+        costs.append(trio.current_time() - start)
+    return costs

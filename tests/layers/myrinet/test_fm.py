@@ -8,7 +8,7 @@ import trio
 from stacklib.layers.myrinet import Fm, FmParams, LibraryError
 from stacklib.layers.myrinet.fm import FmReceive
 from stacklib.transports.sim.lanai4 import Lanai4Cluster
-from tests.layers.myrinet.conftest import simulate
+from tests.layers.myrinet.conftest import send_overheads, simulate
 
 
 def test_a_message_gathered_from_pieces_arrives_whole() -> None:
@@ -95,12 +95,7 @@ def test_pieces_must_add_up_to_the_stated_length() -> None:
 def test_send_overhead_grows_with_size_because_every_byte_is_pio() -> None:
     async def body(cluster: Lanai4Cluster) -> list[float]:
         a, _ = Fm.open(cluster, FmParams(credits=1000))
-        costs = []
-        for size in (16, 4096):
-            start = trio.current_time()
-            await a.send(1, bytes(size))
-            costs.append(trio.current_time() - start)
-        return costs
+        return await send_overheads(a, (16, 4096))
 
     small, large = simulate(body)
     assert large - small == pytest.approx(4080 / 88e6, rel=0.1)  # write-combined PIO rate

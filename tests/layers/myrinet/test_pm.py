@@ -7,7 +7,7 @@ import trio
 
 from stacklib.layers.myrinet import LibraryError, Pm, PmDaemon
 from stacklib.transports.sim.lanai4 import Lanai4Cluster
-from tests.layers.myrinet.conftest import simulate
+from tests.layers.myrinet.conftest import send_overheads, simulate
 
 
 def test_only_the_scheduled_job_may_use_the_ni() -> None:
@@ -56,12 +56,7 @@ def test_long_messages_are_packetized_and_reassembled() -> None:
 def test_sends_are_asynchronous_so_overhead_does_not_grow_with_size() -> None:
     async def body(cluster: Lanai4Cluster) -> list[float]:
         a, _ = Pm.open(cluster)
-        costs = []
-        for size in (16, 8192):
-            start = trio.current_time()
-            await a.send(1, bytes(size))
-            costs.append(trio.current_time() - start)
-        return costs
+        return await send_overheads(a, (16, 8192))
 
     small, large = simulate(body)
     assert large == pytest.approx(small)

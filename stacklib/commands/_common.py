@@ -1,0 +1,95 @@
+"""What ``stacklib`` and its per-part subcommands share: recipe loading with ``--set``
+overrides, a sizes argument type, and the check for the optional matplotlib."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tomllib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from stacklib.errors import ConfigError
+
+__all__ = ["add_set_option", "load_recipe", "matplotlib_missing", "sizes_type"]
+
+
+def _parse_assignment(text: str) -> tuple[list[str], object]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise ConfigError("--set", text, "expected KEY=VALUE, e.g. workload.iterations=100")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # a bare word is taken as a string: --set run.clock=virtual
+    return key.split("."), value
+
+
+def _apply_overrides(data: dict[str, Any], assignments: Sequence[str]) -> None:
+    for text in assignments:
+        path, value = _parse_assignment(text)
+        table = data
+        for part in path[:-1]:
+            table = table.setdefault(part, {})
+            if not isinstance(table, dict):
+                raise ConfigError("--set", text, f"{part} is not a table")
+        table[path[-1]] = value
+
+
+def load_recipe(recipe: str, assignments: Sequence[str]) -> Any:
+    """The recipe named ``recipe`` with each ``KEY=VALUE`` of ``assignments`` applied before
+    validation (a bad one raises :class:`~stacklib.errors.ConfigError`)."""
+    from stacklib.recipes import find_recipe, parse_recipe
+
+    path = find_recipe(recipe)
+    try:
+        with path.open("rb") as handle:
+            data = tomllib.load(handle)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(str(path), "", f"not valid TOML: {error}") from None
+    _apply_overrides(data, assignments)
+    return parse_recipe(data, str(path), path)
+
+
+def add_set_option(parser: argparse.ArgumentParser) -> None:
+    """``--set KEY=VALUE`` (repeatable): the overrides :func:`load_recipe` applies."""
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a recipe value before validation, KEY=VALUE with a dotted key and a TOML "
+        "value, e.g. --set workload.iterations=100 (repeatable)",
+    )
+
+
+def sizes_type(example: str) -> Callable[[str], tuple[int, ...]]:
+    """An argparse type for comma-separated positive sizes (``example`` shows the form)."""
+
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            sizes = tuple(int(part) for part in text.split(",") if part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected sizes like {example}, not {text!r}"
+            ) from None
+        if not sizes or any(size <= 0 for size in sizes):
+            raise argparse.ArgumentTypeError(f"sizes must be positive, not {text!r}")
+        return sizes
+
+    return parse
+
+
+def matplotlib_missing(command: str, option: str) -> bool:
+    """True, having said so on stderr, when ``stacklib command``'s ``option`` cannot draw
+    because matplotlib (an optional dependency) is not installed."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as error:
+        print(
+            f"stacklib {command}: {option} needs matplotlib ({error}); "
+            "install it with: pip install 'stacklib[plot]'",
+            file=sys.stderr,
+        )
+        return True
+    return False
