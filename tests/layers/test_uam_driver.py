@@ -337,6 +337,41 @@ def test_unreachable_peer_is_reported_at_the_computed_instant() -> None:
     assert seen["retransmitted"] == 3
 
 
+def test_a_raising_handler_leaves_the_rest_for_the_next_poll_in_virtual_time() -> None:
+    sim = Simulation(seed=1)
+    got: list[int] = []
+    polls: list[int] = []
+
+    async def main() -> None:
+        pair = make_pair(MemoryNetwork(sim, latency=20e-6))
+        quiet = UamLayer(UamParams(background_poll=False))
+        async with (
+            quiet.open(UNetService(pair.ep_a)) as a,
+            quiet.open(UNetService(pair.ep_b)) as b,
+        ):
+
+            def handler(peer: int, value: int) -> None:
+                if value == 1:
+                    raise ValueError("handler bug")
+                got.append(value)
+
+            b.register_handler(handler, index=0)
+            for value in range(3):
+                a.request_nowait(pair.ch_a, 0, value)
+            while b.peer_statistics(pair.ch_b).received < 3:
+                await trio.sleep(10e-6)
+            assert got == []  # arrived, but nobody polled
+            with pytest.raises(ValueError, match="handler bug"):
+                b.poll()
+            polls.append(b.poll())  # the third request is still there
+            polls.append(b.poll())
+            await a.drain()
+
+    run_virtual(sim, main)
+    assert got == [0, 2]
+    assert polls == [1, 0]
+
+
 def test_single_cell_round_trip_on_the_sba200_is_71_us() -> None:
     rtt = experiments.single_cell_rtt(round_trips=3)
     assert rtt == pytest.approx(71.0, rel=0.02)

@@ -495,3 +495,47 @@ def test_take_hands_out_requests_and_replies_as_tuples() -> None:
     for datagram in a.datagrams_to_send(0.02):
         b.receive(datagram, 0.03)
     assert b.take() == Delivered(data=b"hi")  # anything else comes as its event
+
+
+# --- has_output: a driver may skip datagrams_to_send when it is False -----------------------
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.dictionaries(st.integers(1, 60), st.sampled_from(["drop", "dup", "late:0.02"]), max_size=15),
+    st.integers(1, 20),
+    st.lists(st.floats(0.0, 0.01), min_size=1, max_size=12),
+)
+def test_without_output_datagrams_to_send_does_nothing(
+    faults: dict[int, str], n: int, steps: list[float]
+) -> None:
+    link = make_link(window=4, faults=faults, max_retries=40)
+    checked = 0
+    for i in range(n):
+        while not link.a.request_room:
+            link.run(link.now + DELAY)
+        link.request("a", ECHO if i % 2 else SINK, i)
+    for step in [*steps, 1.0, 500.0]:
+        link.run(link.now + step)
+        for m in (link.a, link.b):
+            if m.has_output:
+                continue
+            before, timer = m.statistics(), m.get_timer()
+            assert m.datagrams_to_send(link.now) == []
+            assert m.statistics() == before and m.get_timer() == timer
+            checked += 1
+    assert checked > 0
+    assert requests_seen(link, "b") == [(i,) for i in range(n)]
+
+
+def test_has_output_while_something_waits() -> None:
+    link = make_link(window=2)
+    assert not link.a.has_output
+    link.a.request(SINK, (1,), 0.0)
+    assert link.a.has_output  # the request itself
+    [datagram] = link.a.datagrams_to_send(0.0)
+    assert not link.a.has_output
+    link.b.receive(datagram, 0.0)
+    assert not link.b.has_output  # nothing owed until the handler has run
+    assert isinstance(link.b.next_event(), RequestReceived)
+    assert link.b.has_output  # an acknowledgment is owed

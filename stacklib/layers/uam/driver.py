@@ -149,6 +149,10 @@ class UamService(ReliableService):
         self._below = below
         self._params = params
         self._machines: dict[int, UamMachine] = {}
+        # The machines as (peer, machine) pairs, rebuilt when one is added: the tasks iterate
+        # it (a snapshot, as a machine may be added while they await) instead of copying the
+        # dict at every wake-up.
+        self._machine_items: list[tuple[int, UamMachine]] = []
         self._handlers: list[Handler | None] = [None] * 256
         self._handler_names: dict[str, int] = {}
         self._regions: dict[int, memoryview] = {}
@@ -156,6 +160,10 @@ class UamService(ReliableService):
         self._gets: dict[tuple[int, int], tuple[int, int, int, tuple[int, ...]]] = {}
         self._inbox: deque[tuple[int, bytes]] = deque()
         self._current: tuple[UamMachine, int] | None = None
+        # Virtual path: a machine may have events for poll() (set where arrivals and timers
+        # feed the machines, cleared when a poll has taken everything): most polls of a
+        # waiting task find nothing, and then need not look at every peer.
+        self._unpolled = False
         self._failures: dict[int, str] = {}
         self._errors: deque[BaseException] = deque()
         self._closed = False
@@ -345,12 +353,33 @@ class UamService(ReliableService):
             raise self._errors.popleft()
         if self._endpoint is not None:
             return self._poll_lean()
+        if not self._unpolled:
+            return 0
         count = 0
+        handlers = self._handlers
         try:
-            for peer, machine in list(self._machines.items()):
-                while (event := machine.next_event()) is not None:
+            for peer, machine in self._machine_items:
+                if not machine.pending:
+                    continue
+                take = machine.take
+                while (taken := take()) is not None:
                     count += 1
-                    self._dispatch(peer, machine, event)
+                    if not isinstance(taken, tuple):
+                        self._dispatch(peer, machine, taken)
+                        continue
+                    # A request or a reply: no event object (the common case, kept short).
+                    handler = handlers[taken[1]]
+                    if handler is None:
+                        self.unknown_handler += 1
+                    elif taken[0] == _REQUEST:
+                        self._current = (machine, taken[3])
+                        handler(peer, *taken[2])
+                        self._current = None
+                    else:
+                        handler(peer, *taken[2])
+            # Everything taken (a nested poll from a handler took the rest, if any); if a
+            # handler raised, the flag stays set for what is left.
+            self._unpolled = False
         finally:
             self._current = None
             if count:
@@ -369,7 +398,7 @@ class UamService(ReliableService):
         try:
             if self._absorb(flush=False):
                 self._deferred = True
-            for peer, machine in list(self._machines.items()):
+            for peer, machine in self._machine_items:
                 take = machine.take
                 while (taken := take()) is not None:
                     count += 1
@@ -461,19 +490,34 @@ class UamService(ReliableService):
 
     async def _receive_loop(self) -> None:
         below = self._below
+        # Over plain U-Net, the endpoint's own receive (what UNetService.recv awaits, one
+        # coroutine less per datagram).
+        plain = isinstance(below, UNetService) and type(below).recv is UNetService.recv
+        endpoint = below.endpoint if plain and isinstance(below, UNetService) else None
+        cpu = self._cpu
+        machines = self._machines
+        now = self._now
         while True:
             try:
-                peer, datagram = await below.recv()
+                if endpoint is not None:
+                    message = await endpoint.recv()
+                    peer, datagram = message.channel, message.data
+                else:
+                    peer, datagram = await below.recv()
             except (trio.EndOfChannel, trio.ClosedResourceError):
                 return
-            if self._cpu is not None:
-                # Pull the message out of the receive buffer (paper 000 §5.1.2).
-                await self._cpu.use(self._cost(datagram))
-            machine = self._machines.get(peer)
+            if cpu is not None:
+                # Pull the message out of the receive buffer (paper 000 §5.1.2).  try_charge
+                # is use() without a coroutine when the charge needs no parking.
+                cost = self._cost(datagram)
+                if not cpu.try_charge(cost):
+                    await cpu.use(cost)
+            machine = machines.get(peer)
             if machine is None:
-                machine = self._machines[peer] = self._new_machine()
-            machine.receive(datagram, self._now())
+                machine = self._add_machine(peer)
+            machine.receive(datagram, now())
             if machine.pending:
+                self._unpolled = True
                 self._arrival.set()
             self._kick()  # window room for the backlog, or an ACK owed for a duplicate
             self._wake()
@@ -534,8 +578,9 @@ class UamService(ReliableService):
     def _receive_one(self, peer: int, datagram: bytes) -> None:
         machine = self._machines.get(peer)
         if machine is None:
-            machine = self._machines[peer] = self._new_machine()
+            machine = self._add_machine(peer)
         machine.receive(datagram, self._now())
+        self._unpolled = True
 
     def _absorb(self, flush: bool = True) -> int:
         """Lean path: feed every datagram waiting at the endpoint to its machine; returns how
@@ -552,7 +597,7 @@ class UamService(ReliableService):
         while message is not None:
             machine = machines.get(message.channel)
             if machine is None:
-                machine = machines[message.channel] = self._new_machine()
+                machine = self._add_machine(message.channel)
             machine.receive(message.data, now)
             count += 1
             message = poll()
@@ -615,6 +660,7 @@ class UamService(ReliableService):
                 if timer is not None and timer <= now:
                     machine.handle_timer(now)
                     if machine.pending:
+                        self._unpolled = True
                         self._arrival.set()  # a PeerFailed to report
                         self._wake()
             done = self._flush(kick=False)
@@ -631,32 +677,45 @@ class UamService(ReliableService):
 
     async def _pump(self) -> None:
         below = self._below
+        # Over plain U-Net, the endpoint's own send (what UNetService.send awaits).
+        plain = isinstance(below, UNetService) and type(below).send is UNetService.send
+        send = below.endpoint.send if plain and isinstance(below, UNetService) else below.send
         cpu = self._cpu
+        clock = self._now
         while True:
             # A fresh event before looking at the machines: a kick from now on is not missed.
             kick = self._kick_event = trio.Event()
             deadline = math.inf
-            for peer, machine in list(self._machines.items()):
-                now = self._now()
+            for peer, machine in self._machine_items:
                 timer = machine.get_timer()
-                if timer is not None and timer <= now:
-                    machine.handle_timer(now)
+                if timer is not None and timer <= clock():
+                    machine.handle_timer(clock())
                     if machine.pending:
+                        self._unpolled = True
                         self._arrival.set()  # a PeerFailed to report
                         self._wake()
-                datagrams = machine.datagrams_to_send(now)
-                if datagrams:
-                    self._wake()  # the backlog moved: senders waiting for it may go on
-                for datagram in datagrams:
-                    if cpu is not None:
-                        # Copy into a send buffer of the segment (paper 000 §5.1.2).
-                        await cpu.use(self._cost(datagram))
-                    await below.send(peer, datagram)
-                timer = machine.get_timer()
-                if timer is not None:
-                    deadline = min(deadline, timer)
-            with trio.move_on_at(deadline):
-                await kick.wait()
+                    timer = machine.get_timer()
+                # has_output is False only when datagrams_to_send would do nothing.
+                if machine.has_output:
+                    datagrams = machine.datagrams_to_send(clock())
+                    if datagrams:
+                        self._wake()  # the backlog moved: senders waiting for it may go on
+                        for datagram in datagrams:
+                            if cpu is not None:
+                                # Copy into a send buffer of the segment (paper 000 §5.1.2);
+                                # try_charge is use() without a coroutine when it can be.
+                                cost = self._cost(datagram)
+                                if not cpu.try_charge(cost):
+                                    await cpu.use(cost)
+                            await send(peer, datagram)
+                    timer = machine.get_timer()
+                if timer is not None and timer < deadline:
+                    deadline = timer
+            if deadline == math.inf:
+                await kick.wait()  # no timer: no cancel scope to build and tear down
+            else:
+                with trio.move_on_at(deadline):
+                    await kick.wait()
 
     async def _poller(self) -> None:
         while True:
@@ -754,6 +813,11 @@ class UamService(ReliableService):
         self._wake()
         raise PeerUnreachable(reason)
 
+    def _add_machine(self, peer: int) -> UamMachine:
+        machine = self._machines[peer] = self._new_machine()
+        self._machine_items = list(self._machines.items())
+        return machine
+
     def _new_machine(self) -> UamMachine:
         p = self._params
         return UamMachine(
@@ -770,7 +834,7 @@ class UamService(ReliableService):
         if machine is None:
             if peer not in self._below.peers:
                 raise LocalProtocolError(f"UAM: no peer {peer} (peers: {list(self.peers)})")
-            machine = self._machines[peer] = self._new_machine()
+            machine = self._add_machine(peer)
         return machine
 
     def _check_usable(self, peer: int | None) -> None:
@@ -788,6 +852,12 @@ class UamService(ReliableService):
     async def _wait_room(self, peer: int) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()
         machine = self._usable(peer)
+        # The first round of _wait_until inline (poll, then check): with window room, the
+        # common case, no closure and no coroutine.
+        self.poll()
+        self._check_usable(peer)
+        if machine.request_room > 0:
+            return
         await self._wait_until(lambda: machine.request_room > 0, peer)
 
     async def _wait_until(self, predicate: Callable[[], bool], peer: int | None) -> None:

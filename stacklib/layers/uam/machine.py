@@ -358,6 +358,12 @@ class UamMachine:
         """Events are waiting to be taken (handlers to run)."""
         return bool(self._events or self._ready)
 
+    @property
+    def has_output(self) -> bool:
+        """False only if :meth:`datagrams_to_send` would return nothing and change nothing
+        (a driver may then skip the call)."""
+        return bool(self._backlog or self._to_send or self._owed or self._ack_now)
+
     # ------------------------------------------------------------------ application inputs
 
     def request(self, handler: int, args: Sequence[int], now: float) -> None:
