@@ -11,7 +11,10 @@ driver on a simulated host whose cost profile is one implementation's Table 1 co
 * a miss that copies (copy-on-write) or zeroes the page ("the overhead roughly doubles");
 * the page-fault path: a send from a paged-out page, with a second endpoint sending meanwhile
   (Table 1: ~22 ms; §5.1.1: the NI serves other endpoints while a translation is pending);
-* the DC21140/NT column: translation in the trap, no NI-kernel handshake.
+* the DC21140/NT column: translation in the trap, no NI-kernel handshake;
+* the same costs inside the simulated NIs (:mod:`stacklib.transports.sim.mm`): a ping-pong on
+  virtual buffers against segment buffers, with all hits and with forced misses
+  (:func:`integrated_rtt`).
 
 Experiment ``mm-fig3`` checks paper 002 §6.2's findings on buffer traces of the Split-C
 benchmarks (:class:`SplitcTracer`, :func:`record_splitc`), replayed through 1024- and
@@ -27,7 +30,7 @@ import math
 import weakref
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import numpy as np
@@ -35,6 +38,18 @@ import trio
 
 from stacklib.reproduce import Experiment, Figure, register_experiment
 from stacklib.sim import CostProfile, Host, Simulation
+from stacklib.transports.sim.mm import (
+    AtmMmParams,
+    FastEthernetMmParams,
+    MemoryManagedNI,
+    MmNIStatistics,
+    MmRecipeParams,
+    build_atm_mm,
+    build_fe_mm,
+    virtual,
+)
+from stacklib.unet import EndpointConfig, connect
+from stacklib.unet.endpoint import Endpoint
 from stacklib.unet.mm import (
     PAGE_SIZE,
     AddressSpace,
@@ -55,6 +70,9 @@ from stacklib.unet.mm.driver import MmDriver
 from stacklib.unet.mm.layout import ProcessLayout
 from stacklib.unet.mm.tlbsim import TlbSimResult, simulate
 from stacklib.unet.mm.trace import TraceRecord
+from stacklib.wire.descriptor import Fragment, SendDescriptor
+
+US = 1e-6
 
 __all__ = [
     "FIG3_SIZES",
@@ -62,6 +80,7 @@ __all__ = [
     "MmModel",
     "SplitcTracer",
     "fig3_results",
+    "integrated_rtt",
     "measure",
     "record_splitc",
     "run_mm",
@@ -336,7 +355,145 @@ def run_mm() -> list[Figure]:
             "DC21140/NT pre-translate miss, present, with unpin", 41.0, nt_pre, "us", f"{t1} (37+4)"
         ),
         Figure("DC21140/NT send from a paged-out page", 22.0, nt_fault / 1000, "ms", t1),
+        *integrated_figures(),
     ]
+
+
+def integrated_figures() -> list[Figure]:
+    """Round trips on the U-Net/MM NIs (virtual buffers) against their segment-buffer path:
+    the time added per one-way trip, against the sum of Table 1's rows on that path."""
+    t1 = "paper 002 Table 1"
+    figures = []
+    # (NI, label, hit, send miss, receive miss) with the Table 1 sums of each path.
+    cases = (
+        ("pca200", "PCA-200", (3.0, "1+2"), (51.0, "24+10+11+4, +2"), (52.0, "1, +24+10+11+4+2")),
+        (
+            "dc21140-nt",
+            "DC21140/NT",
+            (3.0, "1+1, +1 pre"),
+            (22.0, "16+4, +1+1"),
+            (43.0, "1, +37+4+1"),
+        ),
+    )
+    for nic, label, hit, send_miss, recv_miss in cases:
+        base = integrated_rtt(nic, "segment")[0]  # type: ignore[arg-type]
+        for mode, (paper, terms), what in (
+            ("hit", hit, "TLB hits"),
+            ("send-miss", send_miss, "a send miss (TLB full)"),
+            ("recv-miss", recv_miss, "a pre-translate miss on arrival (TLB full)"),
+        ):
+            rtt = integrated_rtt(nic, mode)[0]  # type: ignore[arg-type]
+            figures.append(
+                Figure(
+                    f"{label} U-Net/MM NI ping-pong: added per one-way trip by {what}",
+                    paper,
+                    (rtt - base) / 2,
+                    "us",
+                    f"{t1} ({terms})",
+                )
+            )
+    return figures
+
+
+# ---------------------------------------------------------------------- the integrated NIs
+
+#: Where the ping-pong's buffers live in each process (page-aligned; any address would do).
+PINGPONG_BASE = 0x1000_0000
+#: A message larger than both NIs' inline thresholds (40 and 63 bytes), so it uses buffers.
+PINGPONG_SIZE = 64
+#: TLB of the forced-miss runs: small, so that it is full and every miss also unpins the entry
+#: it evicts, as in §6.1's "almost 50 us" (handshake, interrupt, pin and unpin).
+MISS_TLB = {"entries": 16, "victim": 8}
+
+Mode = Literal["segment", "hit", "send-miss", "recv-miss"]
+
+
+def integrated_rtt(
+    nic: Literal["pca200", "dc21140-nt"],
+    mode: Mode,
+    *,
+    iterations: int = 8,
+    warmup: int = 24,
+) -> tuple[float, dict[str, MmNIStatistics]]:
+    """Mean descriptor-level ping-pong round trip (us) on the U-Net/MM NIs, and their stats.
+
+    ``segment``: buffers named by segment offset (the baseline path); ``hit``: by virtual
+    address, the same pages every time (TLB hits after the first); ``send-miss``: every send
+    from a fresh page; ``recv-miss``: every message into a fresh receive page posted just
+    before it arrives (so it is pre-translated on arrival).  Forced misses use a full TLB.
+    """
+    sim = Simulation(seed=0)
+    names = ["a", "b"]
+    tlb = MmRecipeParams(**MISS_TLB) if mode.endswith("miss") else MmRecipeParams()
+    # Two buffers kept translated of four posted: a hit run re-posts a buffer behind the
+    # window, so its pre-translation happens after a delivery, off the round trip.
+    depth = 1 if mode == "recv-miss" else 2
+    tlb = attrs.evolve(tlb, pretranslate=depth)
+    if nic == "pca200":
+        cluster = build_atm_mm(sim, AtmMmParams(mm=tlb), names, None)
+    else:
+        cluster = build_fe_mm(sim, FastEthernetMmParams(mm=tlb), names, None)
+    config = EndpointConfig(rx_buffers=0, tx_buffers=1, segment_size=64 * 1024)
+    eps = [
+        node.os.create_endpoint(node.os.process(f"app@{n}"), config)
+        for n, node in cluster.nodes.items()
+    ]
+    channels = connect(eps[0], eps[1])
+    pages = 2 * (warmup + iterations) + 16
+    fresh = {id(ep): iter(range(8, pages)) for ep in eps}
+    nis: list[MemoryManagedNI] = []
+    for ep in eps:
+        ni = ep.ni
+        assert isinstance(ni, MemoryManagedNI)
+        nis.append(ni)
+        ni.address_space(ep).map(PINGPONG_BASE, pages * PAGE_SIZE)
+        if mode == "segment":
+            for k in range(4):
+                ep.post_free(Fragment(8192 + k * 1024, 1024))
+        elif mode == "recv-miss":
+            ep.post_free(virtual(PINGPONG_BASE + next(fresh[id(ep)]) * PAGE_SIZE, PAGE_SIZE))
+        else:
+            for k in range(4):
+                ep.post_free(virtual(PINGPONG_BASE + (1 + k) * PAGE_SIZE, PAGE_SIZE))
+
+    def source(ep: Endpoint) -> Fragment:
+        if mode == "segment":
+            return Fragment(0, PINGPONG_SIZE)
+        if mode == "send-miss":
+            page = next(fresh[id(ep)])
+            return virtual(PINGPONG_BASE + page * PAGE_SIZE, PINGPONG_SIZE)
+        return virtual(PINGPONG_BASE, PINGPONG_SIZE)
+
+    async def bounce(ep: Endpoint, channel: int) -> None:
+        descriptor = await ep.recv_descriptor()
+        if mode == "recv-miss":
+            ep.post_free(virtual(PINGPONG_BASE + next(fresh[id(ep)]) * PAGE_SIZE, PAGE_SIZE))
+        else:
+            ep.release(descriptor)
+        await ep.post(SendDescriptor(channel, (source(ep),)))
+
+    async def main() -> float:
+        async def echo() -> None:
+            for _ in range(warmup + iterations):
+                await bounce(eps[1], channels[1])
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(echo)
+            start = 0.0
+            for index in range(warmup + iterations):
+                if index == warmup:
+                    start = trio.current_time()
+                await eps[0].post(SendDescriptor(channels[0], (source(eps[0]),)))
+                descriptor = await eps[0].recv_descriptor()
+                if mode == "recv-miss":
+                    page = next(fresh[id(eps[0])])
+                    eps[0].post_free(virtual(PINGPONG_BASE + page * PAGE_SIZE, PAGE_SIZE))
+                else:
+                    eps[0].release(descriptor)
+            return (trio.current_time() - start) / iterations / US
+
+    rtt = sim.run(main)
+    return rtt, {ni.name: ni.statistics() for ni in nis}
 
 
 register_experiment(

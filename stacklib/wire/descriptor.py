@@ -123,6 +123,7 @@ class SendError(enum.IntEnum):
     BAD_SHAPE = 5  #: both or neither of fragments and inline data; too many fragments
     DIRECT_UNSUPPORTED = 6  #: a direct-access offset on an NI that offers only base-level U-Net
     CHANNEL_CLOSED = 7  #: the channel was torn down
+    PRIVILEGE = 8  #: U-Net/MM: the buffer is not readable by the sending process (paper 002 §4.1)
 
 
 class RecvKind(enum.IntEnum):

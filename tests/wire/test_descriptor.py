@@ -299,7 +299,7 @@ def _patch(raw: bytes, at: int, value: bytes) -> bytes:
 
 
 BAD = [
-    ("unknown error code", d.parse_send, _patch(GOLDEN_SEND_INLINE_ERROR, 12, b"\x08")),
+    ("unknown error code", d.parse_send, _patch(GOLDEN_SEND_INLINE_ERROR, 12, b"\x09")),
     ("injected and error", d.parse_send, _patch(GOLDEN_SEND_INLINE_ERROR, 2, b"\xb0")),
     ("error flag, code NONE", d.parse_send, _patch(GOLDEN_SEND_INLINE_ERROR, 12, b"\x00")),
     ("code without error flag", d.parse_send, _patch(GOLDEN_SEND_INJECTED, 12, b"\x01")),

@@ -288,6 +288,14 @@ class MemoryManager:
             raise UNetError(f"endpoint {endpoint} is not open on this NI")
         return ep
 
+    def free_buffers(self, endpoint: int) -> int:
+        """How many free buffers ``endpoint`` has posted that no arrival has taken yet."""
+        return len(self._endpoint(endpoint).free)
+
+    def is_open(self, endpoint: int) -> bool:
+        """Whether ``endpoint`` is registered with this NI."""
+        return endpoint in self._endpoints
+
     def suspended(self, endpoint: int) -> bool:
         """Whether ``endpoint`` waits for a page-in (the NI skips its send queue)."""
         return self._endpoint(endpoint).suspended_until is not None
