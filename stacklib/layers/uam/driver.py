@@ -356,27 +356,10 @@ class UamService(ReliableService):
         if not self._unpolled:
             return 0
         count = 0
-        handlers = self._handlers
         try:
             for peer, machine in self._machine_items:
-                if not machine.pending:
-                    continue
-                take = machine.take
-                while (taken := take()) is not None:
-                    count += 1
-                    if not isinstance(taken, tuple):
-                        self._dispatch(peer, machine, taken)
-                        continue
-                    # A request or a reply: no event object (the common case, kept short).
-                    handler = handlers[taken[1]]
-                    if handler is None:
-                        self.unknown_handler += 1
-                    elif taken[0] == _REQUEST:
-                        self._current = (machine, taken[3])
-                        handler(peer, *taken[2])
-                        self._current = None
-                    else:
-                        handler(peer, *taken[2])
+                if machine.pending:
+                    count += self._run_handlers(peer, machine)
             # Everything taken (a nested poll from a handler took the rest, if any); if a
             # handler raised, the flag stays set for what is left.
             self._unpolled = False
@@ -394,27 +377,11 @@ class UamService(ReliableService):
         if not nested:
             self._deferred = False
         count = 0
-        handlers = self._handlers
         try:
             if self._absorb(flush=False):
                 self._deferred = True
             for peer, machine in self._machine_items:
-                take = machine.take
-                while (taken := take()) is not None:
-                    count += 1
-                    if not isinstance(taken, tuple):
-                        self._dispatch(peer, machine, taken)
-                        continue
-                    # A request or a reply: no event object (the common case, kept short).
-                    handler = handlers[taken[1]]
-                    if handler is None:
-                        self.unknown_handler += 1
-                    elif taken[0] == _REQUEST:
-                        self._current = (machine, taken[3])
-                        handler(peer, *taken[2])
-                        self._current = None
-                    else:
-                        handler(peer, *taken[2])
+                count += self._run_handlers(peer, machine)
         finally:
             self._current = None
             if not nested:
@@ -422,6 +389,28 @@ class UamService(ReliableService):
                 self._deferred = None
                 if flush:
                     self._flush()
+        return count
+
+    def _run_handlers(self, peer: int, machine: UamMachine) -> int:
+        """Take everything ``machine`` has for the application and run its handlers."""
+        count = 0
+        handlers = self._handlers
+        take = machine.take
+        while (taken := take()) is not None:
+            count += 1
+            if not isinstance(taken, tuple):
+                self._dispatch(peer, machine, taken)
+                continue
+            # A request or a reply: no event object (the common case, kept short).
+            handler = handlers[taken[1]]
+            if handler is None:
+                self.unknown_handler += 1
+            elif taken[0] == _REQUEST:
+                self._current = (machine, taken[3])
+                handler(peer, *taken[2])
+                self._current = None
+            else:
+                handler(peer, *taken[2])
         return count
 
     async def wait_until(self, predicate: Callable[[], bool]) -> None:
