@@ -401,7 +401,6 @@ def test_pinning_cap_bounds_valid_entries_and_pinned_memory() -> None:
 def test_no_room_is_retried_and_a_page_in_a_transfer_is_never_evicted() -> None:
     # One valid entry at the sender: while one endpoint's transfer holds it, the other's
     # translation finds no room, and is retried once the transfer completes.
-    sim, _, (a0, a1), _, (ch0, ch1) = _pair(mm=MmRecipeParams(max_valid=1), senders=2)
     sim, cluster, (a0, a1), b0, (ch0, ch1) = _pair(mm=MmRecipeParams(max_valid=1), senders=2)
     b1 = next(ep for ep in cluster.nodes["b"].ni.endpoints.values() if ep is not b0)
     _post_buffers(b0, 1)
@@ -444,3 +443,22 @@ def test_no_room_is_retried_and_a_page_in_a_transfer_is_never_evicted() -> None:
     assert mm is not None and mm.misses["transmit/no-room"] == len(refused_while_busy)
     assert mm.misses["transmit/present"] == 2 and mm.evictions == 1
     assert mm.valid_entries == 1 and ni.mm.memory.pinned_frames == 1
+
+
+def test_a_send_needing_more_pages_than_the_cap_fails_instead_of_waiting() -> None:
+    # Two pages, one valid entry allowed, nothing in flight to free it: an error, not a wait.
+    sim, _, (a0,), b0, (ch0,) = _pair(mm=MmRecipeParams(max_valid=1))
+    _post_buffers(b0, 2)
+    _ni(a0).address_space(a0).write(BASE, b"x" * (PAGE_SIZE + 100))
+    too_big = SendDescriptor(ch0, (virtual(BASE, PAGE_SIZE + 100),))
+    fits = SendDescriptor(ch0, (virtual(BASE, 100),))
+
+    async def main() -> bytes:
+        await a0.post(too_big)
+        await a0.post(fits)
+        descriptor = await b0.recv_descriptor()
+        return _ni(b0).read_message(b0, descriptor)
+
+    assert _run(sim, main) == b"x" * 100  # the next descriptor still goes out
+    assert too_big.status is DescriptorStatus.ERROR and too_big.error is SendError.TOO_LONG
+    assert a0.send_errors["TOO_LONG"] == 1

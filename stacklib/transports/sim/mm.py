@@ -323,17 +323,32 @@ class MemoryManagedNI(SimNI):
             )
             return True
         if status is Status.ERROR:
-            descriptor.status = DescriptorStatus.ERROR
-            descriptor.error = SendError.PRIVILEGE
-            endpoint.send_errors[SendError.PRIVILEGE.name] += 1
-            self.send_errors[SendError.PRIVILEGE.name] += 1
-            if end > now:
-                self._schedule_poll(end)  # the next descriptor waits for the NI
+            self._fail(endpoint, descriptor, SendError.PRIVILEGE, end, now)
+        elif status is Status.NO_ROOM and not self._pending:
+            # No transfer in flight will free an entry: the buffer needs more pinned pages
+            # than the cap allows, so waiting would never end.
+            self._fail(endpoint, descriptor, SendError.TOO_LONG, end, now)
         elif status is Status.NO_ROOM:
             self._waiting_room = True  # retried when a transfer completes
         elif ready_at is not None or status is Status.DEFERRED:
             self._arm()  # SUSPENDED: the page-in's own timer resumes it
         return False
+
+    def _fail(
+        self,
+        endpoint: Endpoint,
+        descriptor: SendDescriptor,
+        error: SendError,
+        end: float,
+        now: float,
+    ) -> None:
+        """End ``descriptor`` with ``error`` (counted); the NI moves on once its steps are done."""
+        descriptor.status = DescriptorStatus.ERROR
+        descriptor.error = error
+        endpoint.send_errors[error.name] += 1
+        self.send_errors[error.name] += 1
+        if end > now:
+            self._schedule_poll(end)  # the next descriptor waits for the NI
 
     def _tx_done(self, endpoint: Endpoint, descriptor: SendDescriptor, length: int) -> None:
         pending = self._pending.pop(id(descriptor), None)
