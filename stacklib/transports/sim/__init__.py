@@ -10,7 +10,7 @@ arrive, Fast Ethernet and Myrinet.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import attrs
 
@@ -73,8 +73,15 @@ class AtmParams:
 
 
 def build_atm(
-    world: World, params: AtmParams, names: Sequence[str], profile: CostProfile | None
+    world: World,
+    params: AtmParams,
+    names: Sequence[str],
+    profile: CostProfile | None,
+    i960_class: type[I960NI] = I960NI,
+    **ni_options: Any,
 ) -> SimCluster:
+    """An ATM cluster; ``i960_class`` and ``ni_options`` let a variant of the i960 NI (such as
+    U-Net/MM's) reuse the fabric and host set-up."""
     fabric = Fabric(
         world,
         ATM_LINKS[params.link],
@@ -104,13 +111,14 @@ def build_atm(
         else:
             model = _override(I960_MODELS[params.ni](), params.overrides)
             host_name = params.host or model.reference_host
-            ni = I960NI(
+            ni = i960_class(
                 name,
                 host,
                 fabric,
                 model,
                 link,
                 host_scale=host_scale(model.reference_host, host_name),
+                **ni_options,
             )
         ni.host_copy_per_byte = copy_cost(host_name)
         cluster.add(name, host, ni)
@@ -156,8 +164,14 @@ class FastEthernetParams:
 
 
 def build_fe(
-    world: World, params: FastEthernetParams, names: Sequence[str], profile: CostProfile | None
+    world: World,
+    params: FastEthernetParams,
+    names: Sequence[str],
+    profile: CostProfile | None,
+    ni_class: type[Dc21140NI] = Dc21140NI,
+    **ni_options: Any,
 ) -> SimCluster:
+    """A Fast Ethernet cluster; ``ni_class`` and ``ni_options`` as for :func:`build_atm`."""
     interconnect = FE_INTERCONNECTS[params.interconnect]
     fabric = Fabric(
         world,
@@ -174,7 +188,7 @@ def build_fe(
     scale = host_scale(model.reference_host, host_name)
     for name in names:
         host = Host(name, world, profile)
-        ni = Dc21140NI(name, host, fabric, model, host_scale=scale)
+        ni = ni_class(name, host, fabric, model, host_scale=scale, **ni_options)
         ni.host_copy_per_byte = copy_cost(host_name)
         cluster.add(name, host, ni)
     return cluster

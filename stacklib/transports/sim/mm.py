@@ -43,20 +43,17 @@ from typing import Literal
 import attrs
 
 from stacklib.errors import ConfigError, UNetError
-from stacklib.sim import CostProfile, Host, Resource, World
+from stacklib.sim import CostProfile, Resource, World
 from stacklib.transports import TransportKind, register_transport
 from stacklib.transports.sim import (
-    ATM_LINKS,
     AtmParams,
     FastEthernetParams,
     SimCluster,
-    _override,
-    copy_cost,
-    host_scale,
+    build_atm,
+    build_fe,
 )
-from stacklib.transports.sim.atm import I960_MODELS, I960NI
-from stacklib.transports.sim.ethernet import FE_INTERCONNECTS, Dc21140NI, Dc21140Params
-from stacklib.transports.sim.fabric import EthernetLink, Fabric
+from stacklib.transports.sim.atm import I960NI
+from stacklib.transports.sim.ethernet import Dc21140NI
 from stacklib.transports.sim.ni import SimNI
 from stacklib.unet.endpoint import Channel, DropReason, Endpoint
 from stacklib.unet.mm.core import (
@@ -548,35 +545,8 @@ class AtmMmParams(AtmParams):
 def build_atm_mm(
     world: World, params: AtmMmParams, names: Sequence[str], profile: CostProfile | None
 ) -> SimCluster:
-    fabric = Fabric(
-        world,
-        ATM_LINKS[params.link],
-        topology="switch",
-        latency=params.switch_latency_us * 1e-6,
-        faults=params.faults,
-        name="atm",
-    )
-    cluster = SimCluster(world, fabric)
-    if len(params.links) > len(names):
-        raise ConfigError("transport", "links", f"{len(params.links)} links for {len(names)} nodes")
-    model = _override(I960_MODELS[params.ni](), params.overrides)
-    host_name = params.host or model.reference_host
     mm = params.mm.build(victim_grows=False, zero_map_in=True)
-    for index, name in enumerate(names):
-        host = Host(name, world, profile)
-        link = ATM_LINKS[params.links[index]] if index < len(params.links) else None
-        ni = Pca200MmNI(
-            name,
-            host,
-            fabric,
-            model,
-            link,
-            host_scale=host_scale(model.reference_host, host_name),
-            mm=mm,
-        )
-        ni.host_copy_per_byte = copy_cost(host_name)
-        cluster.add(name, host, ni)
-    return cluster
+    return build_atm(world, params, names, profile, Pca200MmNI, mm=mm)
 
 
 @attrs.frozen
@@ -589,27 +559,8 @@ class FastEthernetMmParams(FastEthernetParams):
 def build_fe_mm(
     world: World, params: FastEthernetMmParams, names: Sequence[str], profile: CostProfile | None
 ) -> SimCluster:
-    interconnect = FE_INTERCONNECTS[params.interconnect]
-    fabric = Fabric(
-        world,
-        EthernetLink(),
-        topology=interconnect.topology,
-        latency=interconnect.latency_us * 1e-6,
-        store_and_forward=True,
-        faults=params.faults,
-        name=f"fe-{interconnect.name}",
-    )
-    cluster = SimCluster(world, fabric)
-    model = _override(Dc21140Params(), params.overrides)
-    host_name = params.host or model.reference_host
-    scale = host_scale(model.reference_host, host_name)
     mm = params.mm.build(victim_grows=True, zero_map_in=False)
-    for name in names:
-        host = Host(name, world, profile)
-        ni = Dc21140NtMmNI(name, host, fabric, model, host_scale=scale, mm=mm)
-        ni.host_copy_per_byte = copy_cost(host_name)
-        cluster.add(name, host, ni)
-    return cluster
+    return build_fe(world, params, names, profile, Dc21140NtMmNI, mm=mm)
 
 
 register_transport(
