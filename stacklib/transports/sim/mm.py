@@ -38,7 +38,7 @@ queue handling differ by under 2 us) and adds NT's TLB costs in the trap.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import ClassVar, Literal
 
 import attrs
 
@@ -135,12 +135,27 @@ class MemoryManagedNI(SimNI):
     """U-Net/MM on a simulated NI: mixed in before the NI model's class."""
 
     mm: MemoryManager
-    mm_profile: CostProfile
+    #: The implementation's paper 002 Table 1 costs; set by each NI class.
+    mm_profile: ClassVar[CostProfile]
+
+    def __init__(
+        self,
+        *args: object,
+        mm: MmParams | None = None,
+        memory: PhysicalMemory | None = None,
+        **kwargs: object,
+    ) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._mm_setup(self.mm_profile, mm or self.default_mm_params(), memory)
+
+    @classmethod
+    def default_mm_params(cls) -> MmParams:
+        """The TLB of this implementation when a recipe gives none."""
+        return MmParams()
 
     def _mm_setup(
         self, profile: CostProfile, params: MmParams, memory: PhysicalMemory | None
     ) -> None:
-        self.mm_profile = profile
         self.mm = MemoryManager(params, memory or PhysicalMemory(), profile)
         self._spaces: dict[Principal, AddressSpace] = {}
         self._pending: dict[int, _Pending] = {}
@@ -473,16 +488,7 @@ class Pca200MmNI(MemoryManagedNI, I960NI):
     (paper 002 §5.1)."""
 
     kind = "pca200-mm"
-
-    def __init__(
-        self,
-        *args: object,
-        mm: MmParams | None = None,
-        memory: PhysicalMemory | None = None,
-        **kwargs: object,
-    ) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self._mm_setup(PCA200_LINUX_MM, mm or MmParams(), memory)
+    mm_profile = PCA200_LINUX_MM
 
     def _ni_resource(self, receive: bool) -> Resource:
         return self.rx_engine if receive else self.engine
@@ -493,17 +499,11 @@ class Dc21140NtMmNI(MemoryManagedNI, Dc21140NI):
     the fast trap, a victim list that grows while transmits are pending (paper 002 §5.2)."""
 
     kind = "dc21140-nt-mm"
+    mm_profile = DC21140_NT_MM
 
-    def __init__(
-        self,
-        *args: object,
-        mm: MmParams | None = None,
-        memory: PhysicalMemory | None = None,
-        **kwargs: object,
-    ) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        params = mm or MmParams(TlbGeometry(victim_grows=True), zero_map_in=False)
-        self._mm_setup(DC21140_NT_MM, params, memory)
+    @classmethod
+    def default_mm_params(cls) -> MmParams:
+        return MmParams(TlbGeometry(victim_grows=True), zero_map_in=False)
 
     def _ni_resource(self, receive: bool) -> Resource:
         return self.cpu  # the kernel's trap and interrupt handler run on the host
