@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
+from stacklib.commands._common import matplotlib_missing
+
 
 @attrs.frozen
 class Figure:
@@ -109,16 +111,9 @@ def run_experiments(
     ``everything``).  ``full`` runs scaled experiments at the papers' sizes instead.
     """
     _load_builtin()
-    if plots is not None:
-        try:  # fail before the runs, not after them
-            import stacklib.plots  # noqa: F401
-        except ImportError as error:
-            print(
-                f"stacklib reproduce: --plots needs matplotlib ({error}); "
-                "install it with: pip install 'stacklib[plot]'",
-                file=sys.stderr,
-            )
-            return 2
+    # Fail before the runs, not after them.
+    if plots is not None and matplotlib_missing("reproduce", "--plots"):
+        return 2
     selected = [e for e in EXPERIMENTS.values() if e.default or everything]
     skipped = [e for e in EXPERIMENTS.values() if e not in selected]
     if only:
