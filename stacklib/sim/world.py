@@ -279,6 +279,29 @@ class Simulation(World):
         self._charges_inline += 1
         return True
 
+    def _skip_schedule_point(self) -> bool:
+        """Count a schedule point (``cancel_shielded_checkpoint``) for the calling task without
+        yielding, if yielding would change nothing; True if done.
+
+        It would not when the task is the only one trio runs in this pass and nothing has been
+        scheduled since (the inline charge's test, module docstring) and no trio deadline is
+        due now: trio would find the task alone in its run queue, run no heap event (it asks
+        the clock only with an empty queue) and resume it at once, without a random draw (a
+        batch of one is not shuffled).
+        """
+        counter = self._counter
+        if counter is None or counter.scheduled != self._solo or not self.inline_charges:
+            return False
+        runner = self.clock._runner
+        if (
+            runner is None
+            or runner.ki_pending
+            or runner.deadlines.next_deadline() <= self.clock._now
+        ):
+            return False
+        _current_task()._schedule_points += 1
+        return True
+
     async def _park_until(self, when: float) -> None:
         if not self._in_run:
             raise RuntimeError(

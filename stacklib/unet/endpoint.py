@@ -254,6 +254,11 @@ class Endpoint:
         #: Called (with no arguments) when send-queue space or a send buffer frees up; the
         #: kernel emulation uses it to resume servicing its emulated endpoints.
         self.on_send_space: Callable[[], object] | None = None
+        #: Called (with no arguments) after the NI pushed a receive descriptor, from the NI's
+        #: delivery path: a protocol driver that runs as simulator callbacks in virtual time
+        #: (UAM's event path) receives through it instead of a task blocked in :meth:`recv`,
+        #: and charges the host's receive cost itself.
+        self.on_arrival: Callable[[], object] | None = None
 
         # Counters, updated by this class and by the NI.
         self.sent = 0
@@ -611,6 +616,8 @@ class Endpoint:
                     self._cpu.hold(signal, self._signal_delivered)
             else:
                 self._maybe_upcall()
+        if self.on_arrival is not None:
+            self.on_arrival()
 
     def _signal_delivered(self) -> None:
         self._signal_pending = False

@@ -20,6 +20,11 @@ endpoint with ``send_nowait``.  The receive task then only sleeps on the NI (and
 with ``background_poll``), and the pump only runs timers and resends what the endpoint refused.
 See docs/uam.md, "Over a real transport".
 
+In virtual time over a simulated U-Net endpoint the driver takes the *event path*: no tasks at
+all.  Receive (through ``Endpoint.on_arrival``), handlers, transmission and timers run as the
+simulator's callbacks, holding the host CPU for the same costs; a waiting application task is
+woken only when what it waits for may hold.  See docs/uam.md, "In virtual time".
+
 Costs (only where the NI models the host: ``endpoint.ni.host_copy_per_byte > 0``): every PDU
 sent or received holds the host CPU for ``proto_us`` plus one memory copy of its bytes, "from
 the source data structure into a send buffer and from the receive buffer into the destination
@@ -59,8 +64,10 @@ from stacklib.layers.uam.machine import (
 )
 from stacklib.layers.uam.wire import CHUNK_SIZE, MAX_OVERHEAD, PduType
 from stacklib.services import DatagramService, ReliableService, Service, UNetService
+from stacklib.sim import Resource, Simulation
 from stacklib.sim.costs import cited
 from stacklib.stack import Layer, register_layer, serve
+from stacklib.unet import Endpoint
 
 __all__ = ["Handler", "RemoteAddress", "UamLayer", "UamParams", "UamService"]
 
@@ -145,6 +152,9 @@ class UamService(ReliableService):
     the peer's inbox and :meth:`recv` takes them out, so the generic workloads run over UAM.
     """
 
+    #: Use the event path in virtual time (False: the three tasks, for comparisons).
+    event_path = True
+
     def __init__(self, below: DatagramService, params: UamParams) -> None:
         self._below = below
         self._params = params
@@ -159,7 +169,7 @@ class UamService(ReliableService):
         self._region_names: dict[str, int] = {}
         self._gets: dict[tuple[int, int], tuple[int, int, int, tuple[int, ...]]] = {}
         self._inbox: deque[tuple[int, bytes]] = deque()
-        self._current: tuple[UamMachine, int] | None = None
+        self._current: tuple[UamMachine, int, int] | None = None  # machine, token, peer
         # Virtual path: a machine may have events for poll() (set where arrivals and timers
         # feed the machines, cleared when a poll has taken everything): most polls of a
         # waiting task find nothing, and then need not look at every peer.
@@ -194,12 +204,42 @@ class UamService(ReliableService):
         self._last_poll = -math.inf  # perf_counter of the application's last lean poll
         self._deferred: bool | None = None  # in a lean poll: None, or whether to flush after
         self._sleepers = 0  # tasks waiting for self._progress
+        self._waiting: list[Callable[[], bool]] = []  # what they wait for
         self._unsent: dict[int, deque[bytes]] = {}
         if isinstance(below, UNetService) and self._cpu is None:
             endpoint = below.endpoint
             if not endpoint.ni.world.virtual:
                 self._endpoint = endpoint
                 self._spin = float(getattr(endpoint.ni, "spin_time", 0.0))
+        # The event path (virtual time over a simulated U-Net endpoint): receive, handlers,
+        # transmission and timers run as the simulator's callbacks, holding the host CPU for
+        # their costs; only the application's own tasks are trio tasks (docs/uam.md, "In
+        # virtual time").
+        self._events: Endpoint | None = None
+        self._world: Simulation | None = None
+        self._host_cpu: Resource | None = None
+        self._send_cost: Callable[[int], float] | None = None
+        self._recv_cost: Callable[[int], float] | None = None
+        self._rx_busy = False  # a received PDU is being processed (its CPU hold runs)
+        self._defer = 0  # >0 inside poll() or an event: a kick transmits when it ends
+        self._dirty = False  # kicked while deferred
+        self._timer_at = math.inf  # the earliest timer event scheduled
+        self._touched: set[int] = set()  # peers whose machines may have output
+        self._touched_all = False  # ... or every machine
+        self._held: deque[tuple[int, bytes]] = deque()  # refused by a full send queue
+        if self.event_path and isinstance(below, UNetService):
+            endpoint = below.endpoint
+            world = endpoint.ni.world
+            if (
+                isinstance(world, Simulation)
+                and type(below).send is UNetService.send
+                and type(below).recv is UNetService.recv
+            ):
+                self._events = endpoint
+                self._world = world
+                self._host_cpu = endpoint.ni.host.resource("cpu")
+                self._send_cost = endpoint.ni.host_send_cost
+                self._recv_cost = endpoint.ni.host_recv_cost
 
     def __repr__(self) -> str:
         return f"<UamService over {self._below!r}, {len(self._machines)} peers>"
@@ -266,15 +306,17 @@ class UamService(ReliableService):
                 raise trio.WouldBlock
         index = handler if handler.__class__ is int else self.handler_index(handler)
         machine.request(index, args, self._now())
-        self._kick()
+        self._kick(peer)
 
     async def request(self, peer: int, handler: int | str, *args: int) -> None:
         """Send a request (0-4 32-bit words) to ``handler`` of ``peer``; while the window is
         full, poll (run handlers) and wait.  Returns once the request is queued."""
         await self._wait_room(peer)
         self._machines[peer].request(self.handler_index(handler), args, self._now())
-        self._kick()
-        await trio.lowlevel.cancel_shielded_checkpoint()
+        self._kick(peer)
+        world = self._world
+        if world is None or not world._skip_schedule_point():
+            await trio.lowlevel.cancel_shielded_checkpoint()
 
     def reply(self, handler: int | str, *args: int) -> None:
         """Reply from inside a request handler, once; anywhere else
@@ -285,11 +327,11 @@ class UamService(ReliableService):
                 "UAM: a reply is allowed only from a request handler, once "
                 "(a reply handler may not reply: paper 000 §5)"
             )
-        machine, token = current
+        machine, token, peer = current
         index = handler if handler.__class__ is int else self.handler_index(handler)
         machine.reply(token, index, args, self._now())
         self._current = None
-        self._kick()
+        self._kick(peer)
 
     async def store(
         self,
@@ -356,17 +398,25 @@ class UamService(ReliableService):
         if not self._unpolled:
             return 0
         count = 0
+        self._defer += 1  # the event path transmits what the handlers produce once, at the end
         try:
             for peer, machine in self._machine_items:
                 if machine.pending:
+                    self._touched.add(peer)  # taking its events may make an ACK due
                     count += self._run_handlers(peer, machine)
             # Everything taken (a nested poll from a handler took the rest, if any); if a
             # handler raised, the flag stays set for what is left.
             self._unpolled = False
         finally:
             self._current = None
-            if count:
-                self._kick()
+            self._defer -= 1
+            if self._events is None:
+                if count:
+                    self._kick()
+            elif count or self._dirty:
+                self._dirty = True
+                if not self._defer:
+                    self._transmit_events()
         return count
 
     def _poll_lean(self) -> int:
@@ -406,7 +456,7 @@ class UamService(ReliableService):
             if handler is None:
                 self.unknown_handler += 1
             elif taken[0] == _REQUEST:
-                self._current = (machine, taken[3])
+                self._current = (machine, taken[3], peer)
                 handler(peer, *taken[2])
                 self._current = None
             else:
@@ -417,7 +467,9 @@ class UamService(ReliableService):
         """Poll until ``predicate()`` is true (checked after each poll)."""
         await trio.lowlevel.checkpoint_if_cancelled()
         await self._wait_until(predicate, None)
-        await trio.lowlevel.cancel_shielded_checkpoint()
+        world = self._world
+        if world is None or not world._skip_schedule_point():
+            await trio.lowlevel.cancel_shielded_checkpoint()
 
     async def drain(self, peer: int | None = None) -> None:
         """Poll until everything sent to ``peer`` (default: every peer) is acknowledged."""
@@ -716,6 +768,164 @@ class UamService(ReliableService):
                 self._wake()
             await arrival.wait()
 
+    # ------------------------------------------------------------------ the event path
+
+    def _start_events(self) -> None:
+        """Receive through the endpoint's arrival hook from now on (the event path)."""
+        endpoint = self._events
+        assert endpoint is not None
+        if endpoint.on_arrival is not None or endpoint.on_send_space is not None:
+            raise LocalProtocolError(f"UAM: {endpoint!r} already has a driver attached")
+        endpoint.on_arrival = self._on_arrival
+        endpoint.on_send_space = self._on_send_space
+        if endpoint.recv_queue:
+            self._on_arrival()
+
+    def _on_arrival(self) -> None:
+        # The NI pushed a receive descriptor.  One PDU at a time: the next is taken when the
+        # host is done with this one, as a receiving thread would.
+        if not self._rx_busy and not self._closed:
+            self._receive_next()
+
+    def _receive_next(self) -> None:
+        """Take the next PDU from the receive queue and hold the host CPU for its cost: U-Net's
+        receive and UAM's protocol work and copy (paper 000 §5.1.2), then :meth:`_received`."""
+        endpoint = self._events
+        assert endpoint is not None and self._world is not None
+        message = endpoint.poll() if not endpoint.closed else None
+        if message is None:
+            self._rx_busy = False
+            return
+        self._rx_busy = True
+        data = message.data
+        cost = self._cost(data) if self._cpu is not None else 0.0
+        recv_cost = self._recv_cost
+        if recv_cost is not None:
+            cost += recv_cost(len(data))
+        if cost > 0.0:
+            assert self._host_cpu is not None
+            self._host_cpu.hold(cost, self._received, message.channel, data)
+        else:
+            self._world.call_at(self._world.clock._now, self._received, message.channel, data)
+
+    def _received(self, peer: int, datagram: bytes) -> None:
+        if self._closed:
+            self._rx_busy = False
+            return
+        self._defer += 1
+        try:
+            machine = self._machines.get(peer)
+            if machine is None:
+                machine = self._add_machine(peer)
+            machine.receive(datagram, self._now())
+            self._touched.add(peer)  # window room for the backlog, or an ACK owed
+            if machine.pending:
+                self._unpolled = True
+                if self._params.background_poll:
+                    self._background_poll()
+            self._wake()
+        finally:
+            self._defer -= 1
+        # Window room for the backlog, an ACK owed, replies the handlers produced.
+        self._transmit_events()
+        self._receive_next()
+
+    def _transmit_events(self) -> None:
+        """The event path's pump: hand every machine's output to the host CPU (each PDU is
+        sent when its hold ends) and schedule the earliest timer."""
+        self._dirty = False
+        if self._closed:
+            return
+        now = self._now()
+        moved = False
+        earliest = math.inf
+        if self._touched_all:
+            self._touched_all = False
+            self._touched.clear()
+            items = self._machine_items
+        else:
+            machines = self._machines
+            items = [(peer, machines[peer]) for peer in self._touched]
+            self._touched.clear()
+        for peer, machine in items:
+            if machine.has_output:
+                datagrams = machine.datagrams_to_send(now)
+                if datagrams:
+                    moved = True
+                    for datagram in datagrams:
+                        self._send_event(peer, datagram)
+            timer = machine.get_timer()
+            if timer is not None and timer < earliest:
+                earliest = timer
+        if earliest < self._timer_at:
+            self._timer_at = earliest
+            world = self._world
+            assert world is not None
+            world.call_at(earliest if earliest > now else now, self._on_timer, earliest)
+        if moved:
+            self._wake()  # the backlog moved: senders waiting for it may go on
+
+    def _send_event(self, peer: int, datagram: bytes) -> None:
+        # Copy into a send buffer and post it (paper 000 §5.1.2), on the host CPU.
+        cost = self._cost(datagram) if self._cpu is not None else 0.0
+        send_cost = self._send_cost
+        if send_cost is not None:
+            cost += send_cost(len(datagram))
+        if cost > 0.0:
+            assert self._host_cpu is not None
+            self._host_cpu.hold(cost, self._post, peer, datagram)
+        else:
+            self._post(peer, datagram)
+
+    def _post(self, peer: int, datagram: bytes) -> None:
+        endpoint = self._events
+        assert endpoint is not None
+        if self._closed or endpoint.closed:
+            return
+        held = self._held
+        if held:
+            held.append((peer, datagram))  # behind what the send queue refused, in order
+            return
+        try:
+            endpoint.send_nowait(peer, datagram)
+        except trio.WouldBlock:
+            held.append((peer, datagram))
+
+    def _on_send_space(self) -> None:
+        endpoint = self._events
+        assert endpoint is not None
+        held = self._held
+        while held and not endpoint.closed:
+            peer, datagram = held[0]
+            try:
+                endpoint.send_nowait(peer, datagram)
+            except trio.WouldBlock:
+                return
+            held.popleft()
+
+    def _on_timer(self, at: float) -> None:
+        if at != self._timer_at or self._closed:
+            return  # superseded by an earlier timer event, which scheduled the next
+        self._timer_at = math.inf
+        now = self._now()
+        failed = False
+        self._defer += 1
+        try:
+            for _, machine in self._machine_items:
+                timer = machine.get_timer()
+                if timer is not None and timer <= now:
+                    machine.handle_timer(now)
+                    if machine.pending:
+                        self._unpolled = failed = True  # a PeerFailed to report
+            self._touched_all = True
+            if failed:
+                self._wake()
+                if self._params.background_poll:
+                    self._background_poll()
+        finally:
+            self._defer -= 1
+        self._transmit_events()
+
     # ------------------------------------------------------------------ helpers
 
     def _cost(self, datagram: bytes) -> float:
@@ -731,7 +941,7 @@ class UamService(ReliableService):
             if handler is None:
                 self.unknown_handler += 1
                 return
-            self._current = (machine, event.token)
+            self._current = (machine, event.token, peer)
             try:
                 handler(peer, *event.args)
             finally:
@@ -868,13 +1078,25 @@ class UamService(ReliableService):
                     continue
             progress = self._progress
             self._sleepers += 1
+            self._waiting.append(predicate)
             try:
                 await progress.wait()
             finally:
                 self._sleepers -= 1
+                self._waiting.remove(predicate)
 
-    def _kick(self) -> None:
-        if self._endpoint is None:
+    def _kick(self, peer: int | None = None) -> None:
+        """Something may be ready to send (on ``peer``'s machine only, if given)."""
+        if self._events is not None:
+            if peer is None:
+                self._touched_all = True
+            else:
+                self._touched.add(peer)
+            if self._defer:
+                self._dirty = True
+            else:
+                self._transmit_events()
+        elif self._endpoint is None:
             self._kick_event.set()
         elif self._deferred is not None:
             self._deferred = True  # a lean poll is running: it transmits when done
@@ -883,11 +1105,28 @@ class UamService(ReliableService):
 
     def _wake(self) -> None:
         if self._sleepers:
+            if self._events is not None and not self._worth_waking():
+                return
             self._progress.set()
             self._progress = trio.Event()
 
+    def _worth_waking(self) -> bool:
+        """Event path: would a waiting task find anything new?  Every arrival calls
+        :meth:`_wake`, but a rank waiting for window room to one peer has no use for a PDU
+        from another: waking it costs a pass of trio's loop for nothing (most of a Split-C
+        exchange's wall time, before this test)."""
+        if self._closed or self._errors or self._failures:
+            return True
+        if self._unpolled and not self._params.background_poll:
+            return True  # only the application's own poll runs the handlers
+        return any(predicate() for predicate in self._waiting)
+
     def _close(self) -> None:
         self._closed = True
+        endpoint = self._events
+        if endpoint is not None:
+            endpoint.on_arrival = None
+            endpoint.on_send_space = None
         self._wake()
 
 
@@ -908,11 +1147,15 @@ class UamLayer(Layer):
         self.require_below(below)
         service = UamService(typing.cast(DatagramService, below), self.params)
         service._now = trio.lowlevel.current_clock().current_time
-        if service._endpoint is not None:
+        tasks: list[tuple[Callable[[], typing.Awaitable[None]], str]]
+        if service._events is not None:
+            tasks = []  # the event path: the simulator's callbacks do the work
+            service._start_events()
+        elif service._endpoint is not None:
             tasks = [(service._receive_lean, "uam receive"), (service._pump_lean, "uam pump")]
         else:
             tasks = [(service._receive_loop, "uam receive"), (service._pump, "uam pump")]
-        if self.params.background_poll:
+        if self.params.background_poll and service._events is None:
             tasks.append((service._poller, "uam poller"))
         async with serve(service, tasks, service._close):
             yield service
