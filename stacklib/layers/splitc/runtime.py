@@ -134,14 +134,21 @@ class SpreadArray:
 class Pending:
     """A split-phase operation: complete after :meth:`SplitC.sync` (or once :attr:`done`)."""
 
-    __slots__ = ("_dtype", "_raw", "done", "error", "what")
+    __slots__ = ("_dtype", "_operation", "_raw", "_target", "done", "error")
 
-    def __init__(self, what: str, dtype: np.dtype[Any] | None = None) -> None:
-        self.what = what
+    def __init__(self, operation: str, target: object, dtype: np.dtype[Any] | None = None) -> None:
+        # The description is formatted only when shown: most operations never are.
+        self._operation = operation
+        self._target = target
         self.done = False
         self.error: SplitcAccessError | None = None
         self._dtype = dtype
         self._raw = b""
+
+    @property
+    def what(self) -> str:
+        """The operation and its target, e.g. ``"get <GlobalPtr ...>"``."""
+        return f"{self._operation} {self._target}"
 
     def __repr__(self) -> str:
         state = "done" if self.done else "pending"
@@ -407,7 +414,7 @@ class SplitC(Service):
             )
         name = "get" if kind == Kind.READ else "put"
         self.counters[name + "s"] += 1
-        pending = Pending(f"{name} {gp}", region.array.dtype if kind == Kind.READ else None)
+        pending = Pending(name, gp, region.array.dtype if kind == Kind.READ else None)
         raw = b"" if kind == Kind.READ else _encode(region, value)
         if gp.rank == self.rank:
             self.counters["local"] += 1
@@ -474,7 +481,7 @@ class SplitC(Service):
         if local.itemsize != region.itemsize:
             raise LocalProtocolError("Split-C: bulk_get between regions of different dtypes")
         self.counters["bulk_gets"] += 1
-        pending = Pending(f"bulk_get {src}")
+        pending = Pending("bulk_get", src)
         size = region.itemsize
         if src.rank == self.rank or count == 0:
             self.counters["local"] += src.rank == self.rank
@@ -499,7 +506,7 @@ class SplitC(Service):
         One UAM block store of any size."""
         region, raw = self._bulk(dst, data)
         self.counters["bulk_puts"] += 1
-        pending = Pending(f"bulk_put {dst}")
+        pending = Pending("bulk_put", dst)
         if raw is None:
             pending._complete()
             return pending

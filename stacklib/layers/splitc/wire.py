@@ -185,24 +185,33 @@ def _check_size(kind: Kind, size: int) -> None:
         raise _error(SplitcErrorKind.BAD_SIZE, f"size {size} for {kind.name}")
 
 
+# Wire values to members, looked up once per message (``Kind(value)`` costs an enum call).
+_REQUEST_KINDS = {int(kind): kind for kind in REQUEST_KINDS}
+_REPLY_KINDS = {int(kind): kind for kind in REPLY_KINDS}
+_STATUSES = {int(status): status for status in Status}
+
+
 def parse_request(words: Sequence[int]) -> Request:
     """Decode the four argument words of a request; :class:`SplitcFormatError` if malformed."""
-    kind, size, region, op, offset, value = REQUEST_CODEC.unpack(_bytes(words))
-    if kind not in Kind.__members__.values() or Kind(kind) not in REQUEST_KINDS:
-        raise _error(SplitcErrorKind.UNKNOWN_KIND, f"kind {kind}")
-    _check_size(Kind(kind), size)
-    return Request(Kind(kind), size, region, op, offset, value)
+    code, size, region, op, offset, value = REQUEST_CODEC.unpack(_bytes(words))
+    kind = _REQUEST_KINDS.get(code)
+    if kind is None:
+        raise _error(SplitcErrorKind.UNKNOWN_KIND, f"kind {code}")
+    _check_size(kind, size)
+    return Request(kind, size, region, op, offset, value)
 
 
 def parse_reply(words: Sequence[int]) -> Reply:
     """Decode the four argument words of a reply; :class:`SplitcFormatError` if malformed."""
-    kind, size, status, op, value = REPLY_CODEC.unpack(_bytes(words))
-    if kind not in Kind.__members__.values() or Kind(kind) not in REPLY_KINDS:
-        raise _error(SplitcErrorKind.UNKNOWN_KIND, f"kind {kind}")
-    _check_size(Kind(kind), size)
-    if status not in Status.__members__.values():
-        raise _error(SplitcErrorKind.BAD_STATUS, f"status {status}")
-    return Reply(Kind(kind), size, Status(status), op, value)
+    code, size, status_code, op, value = REPLY_CODEC.unpack(_bytes(words))
+    kind = _REPLY_KINDS.get(code)
+    if kind is None:
+        raise _error(SplitcErrorKind.UNKNOWN_KIND, f"kind {code}")
+    _check_size(kind, size)
+    status = _STATUSES.get(status_code)
+    if status is None:
+        raise _error(SplitcErrorKind.BAD_STATUS, f"status {status_code}")
+    return Reply(kind, size, status, op, value)
 
 
 def parse_request_reference(words: Sequence[int]) -> Request:

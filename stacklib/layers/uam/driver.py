@@ -820,15 +820,30 @@ class UamService(ReliableService):
             machine.receive(datagram, self._now())
             self._touched.add(peer)  # window room for the backlog, or an ACK owed
             if machine.pending:
-                self._unpolled = True
-                if self._params.background_poll:
-                    self._background_poll()
+                if self._unpolled or self._errors or not self._params.background_poll:
+                    self._unpolled = True
+                    if self._params.background_poll:
+                        self._background_poll()
+                else:
+                    # poll() for this machine alone: every earlier arrival was handled at
+                    # once, so no other machine has anything waiting.
+                    self._unpolled = True
+                    try:
+                        self._run_handlers(peer, machine)
+                        self._unpolled = False
+                    except Exception as error:  # handed to the application's next call
+                        self._errors.append(error)
+                    finally:
+                        self._current = None
             self._wake()
         finally:
             self._defer -= 1
         # Window room for the backlog, an ACK owed, replies the handlers produced.
         self._transmit_events()
-        self._receive_next()
+        if self._events is not None and self._events.recv_queue:
+            self._receive_next()
+        else:
+            self._rx_busy = False
 
     def _transmit_events(self) -> None:
         """The event path's pump: hand every machine's output to the host CPU (each PDU is
