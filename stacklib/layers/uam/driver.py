@@ -33,6 +33,7 @@ data structure" (paper 000 §5.2).  On real transports nothing is charged.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import typing
@@ -180,7 +181,7 @@ class UamService(ReliableService):
         # The run's clock (UamLayer.open binds the clock's own method: one call, not three).
         self._now: Callable[[], float] = trio.current_time
         self._kick_event = trio.Event()
-        self._progress = trio.Event()
+        self._sleeping: deque[trio.lowlevel.Task] = deque()  # parked in _wait_until
         self._arrival = trio.Event()
         self.chunk_size = min(params.chunk_size, max(1, below.max_message - MAX_OVERHEAD))
         self.unknown_handler = 0
@@ -203,7 +204,7 @@ class UamService(ReliableService):
         self._pump_deadline = math.inf  # when the lean pump wakes next (inf: only if kicked)
         self._last_poll = -math.inf  # perf_counter of the application's last lean poll
         self._deferred: bool | None = None  # in a lean poll: None, or whether to flush after
-        self._sleepers = 0  # tasks waiting for self._progress
+        self._sleepers = 0  # tasks in _wait_until (woken or not)
         self._waiting: list[Callable[[], bool]] = []  # what they wait for
         self._unsent: dict[int, deque[bytes]] = {}
         if isinstance(below, UNetService) and self._cpu is None:
@@ -1091,11 +1092,24 @@ class UamService(ReliableService):
                 if now < spin_until:
                     await trio.lowlevel.checkpoint()
                     continue
-            progress = self._progress
+            # Park until _wake() (a list of tasks: cheaper than a trio.Event per wake-up).
+            task = trio.lowlevel.current_task()
+            sleeping = self._sleeping
+            sleeping.append(task)
             self._sleepers += 1
             self._waiting.append(predicate)
+
+            def abort(
+                _: object,
+                task: trio.lowlevel.Task = task,
+                sleeping: deque[trio.lowlevel.Task] = sleeping,
+            ) -> trio.lowlevel.Abort:
+                with contextlib.suppress(ValueError):  # already woken
+                    sleeping.remove(task)
+                return trio.lowlevel.Abort.SUCCEEDED
+
             try:
-                await progress.wait()
+                await trio.lowlevel.wait_task_rescheduled(abort)
             finally:
                 self._sleepers -= 1
                 self._waiting.remove(predicate)
@@ -1122,8 +1136,9 @@ class UamService(ReliableService):
         if self._sleepers:
             if self._events is not None and not self._worth_waking():
                 return
-            self._progress.set()
-            self._progress = trio.Event()
+            sleeping = self._sleeping
+            while sleeping:
+                trio.lowlevel.reschedule(sleeping.popleft())
 
     def _worth_waking(self) -> bool:
         """Event path: would a waiting task find anything new?  Every arrival calls
