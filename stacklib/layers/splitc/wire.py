@@ -174,7 +174,8 @@ def _bytes(words: Sequence[int]) -> bytes:
     if len(words) != WORDS:
         raise _error(SplitcErrorKind.WORDS, f"{len(words)} words")
     for word in words:
-        if isinstance(word, bool) or not isinstance(word, int) or not 0 <= word <= WORD_MAX:
+        # Exactly int: bool (and other subclasses) are not words.
+        if word.__class__ is not int or not 0 <= word <= WORD_MAX:
             raise _error(SplitcErrorKind.WORDS, f"word {word!r}")
     return _WORDS.pack(*words)
 

@@ -855,14 +855,19 @@ class UamService(ReliableService):
         now = self._now()
         moved = False
         earliest = math.inf
+        touched = self._touched
+        items: Sequence[tuple[int, UamMachine]]
         if self._touched_all:
             self._touched_all = False
-            self._touched.clear()
+            touched.clear()
             items = self._machine_items
+        elif len(touched) == 1:
+            peer = touched.pop()
+            items = ((peer, self._machines[peer]),)
         else:
             machines = self._machines
-            items = [(peer, machines[peer]) for peer in self._touched]
-            self._touched.clear()
+            items = [(peer, machines[peer]) for peer in touched]
+            touched.clear()
         for peer, machine in items:
             if machine.has_output:
                 datagrams = machine.datagrams_to_send(now)
