@@ -33,7 +33,7 @@ import os
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import attrs
 import numpy as np
@@ -180,10 +180,16 @@ class _Region:
     array: npt.NDArray[Any]  # flat view of the user's array
     uam_id: int
     sizes: tuple[int, ...]  # elements on each rank
+    #: The array's bytes and element size, looked up once: a scalar access through them
+    #: costs a memoryview slice, not numpy views and array construction.
+    raw: memoryview = attrs.field(init=False)
+    itemsize: int = attrs.field(init=False)
+    scalar_type: type = attrs.field(init=False)
 
-    @property
-    def itemsize(self) -> int:
-        return int(self.array.itemsize)
+    def __attrs_post_init__(self) -> None:
+        self.raw = self.array.view(np.uint8).data
+        self.itemsize = int(self.array.itemsize)
+        self.scalar_type = self.array.dtype.type
 
 
 class SplitC(Service):
@@ -737,16 +743,16 @@ class SplitC(Service):
             status = Status.NO_REGION
         else:
             region = self._by_index[request.region]
-            view = region.array.view(np.uint8)
+            view = region.raw
             start, end = request.offset, request.offset + request.size
             exact = request.size == region.itemsize
             packed = request.kind == Kind.STORE and request.size % region.itemsize == 0
             if not (exact or packed) or end > len(view):
                 status = Status.OUT_OF_BOUNDS
             elif request.kind == Kind.READ:
-                value = view[start:end].tobytes()
+                value = bytes(view[start:end])
             else:
-                view[start:end] = np.frombuffer(request.value[: request.size], np.uint8)
+                view[start:end] = request.value[: request.size]
         if status != Status.OK:
             self.counters["refused"] += 1
         if request.kind == Kind.STORE:
@@ -803,6 +809,8 @@ def request_op(words: Sequence[int]) -> int:
 
 
 def _encode(region: _Region, value: Any) -> bytes:
+    if type(value) is region.scalar_type:  # a numpy scalar of the region's type, as is
+        return cast(np.generic, value).tobytes()
     return np.asarray(value, dtype=region.array.dtype).reshape(1).tobytes()
 
 
