@@ -68,7 +68,7 @@ from stacklib.services import DatagramService, ReliableService, Service, UNetSer
 from stacklib.sim import Resource, Simulation
 from stacklib.sim.costs import cited
 from stacklib.stack import Layer, register_layer, serve
-from stacklib.unet import Endpoint
+from stacklib.unet import Endpoint, RecvKind
 
 __all__ = ["Handler", "RemoteAddress", "UamLayer", "UamParams", "UamService"]
 
@@ -82,6 +82,7 @@ RemoteAddress: TypeAlias = tuple[int | str, int]
 assumes the SPMD model, where every node registers the same regions in the same order."""
 
 _DATA_TYPES = frozenset({int(PduType.STORE), int(PduType.GET_REPLY)})
+_RECV_INLINE = RecvKind.INLINE
 _REQUEST = int(PduType.REQUEST)
 MAX_MESSAGE = 1 << 24  # the datagram face accepts any size; this bounds a single message
 
@@ -793,21 +794,27 @@ class UamService(ReliableService):
         receive and UAM's protocol work and copy (paper 000 §5.1.2), then :meth:`_received`."""
         endpoint = self._events
         assert endpoint is not None and self._world is not None
-        message = endpoint.poll() if not endpoint.closed else None
-        if message is None:
+        # U-Net's descriptor-level receive (Endpoint.poll without building a Message).
+        descriptor = endpoint.poll_descriptor() if not endpoint.closed else None
+        if descriptor is None:
             self._rx_busy = False
             return
         self._rx_busy = True
-        data = message.data
+        if descriptor.kind is _RECV_INLINE:
+            data = descriptor.inline or b""
+        else:
+            data = endpoint.read(descriptor)
+            if descriptor.fragments:
+                endpoint.release(descriptor)
         cost = self._cost(data) if self._cpu is not None else 0.0
         recv_cost = self._recv_cost
         if recv_cost is not None:
             cost += recv_cost(len(data))
         if cost > 0.0:
             assert self._host_cpu is not None
-            self._host_cpu.hold(cost, self._received, message.channel, data)
+            self._host_cpu.hold(cost, self._received, descriptor.channel, data)
         else:
-            self._world.call_at(self._world.clock._now, self._received, message.channel, data)
+            self._world.call_at(self._world.clock._now, self._received, descriptor.channel, data)
 
     def _received(self, peer: int, datagram: bytes) -> None:
         if self._closed:
