@@ -213,3 +213,41 @@ def test_skipped_schedule_points_change_no_time() -> None:
         return times
 
     assert run(True) == run(False)
+
+
+def test_pdus_the_send_queue_refuses_wait_in_order() -> None:
+    sim = Simulation(seed=4)
+    cluster = build_atm(sim, AtmParams(host="ss20"), ["a", "b"], None)
+    small = EndpointConfig(
+        segment_size=512 * 1024, tx_buffers=2, rx_buffers=48, free_queue=64, send_queue=2
+    )
+    ep_a = cluster.nodes["a"].os.create_endpoint(cluster.nodes["a"].os.process("a"), small)
+    ep_b = cluster.nodes["b"].os.create_endpoint(cluster.nodes["b"].os.process("b"), CONFIG)
+    to_b, _ = connect(ep_a, ep_b)
+    result: dict[str, object] = {}
+
+    async def main() -> None:
+        layer = UamLayer(UamParams(window=16))
+        async with layer.open(UNetService(ep_a)) as a, layer.open(UNetService(ep_b)) as b:
+            got: list[int] = []
+            b.register_handler(lambda peer, i: got.append(i), index=0)
+            region = bytearray(40000)
+            b.register_region(region)
+            b.register_handler(lambda *args: None, index=1)
+            block = random.Random(6).randbytes(40000)
+            for i in range(16):
+                a.request_nowait(to_b, 0, i)  # 16 PDUs at once into a queue of 2
+            peak = 0
+            for _ in range(200):  # the host posts one every few microseconds
+                await trio.sleep(1e-6)
+                peak = max(peak, len(a._held))
+            result["held"] = peak
+            await a.store(to_b, block, (0, 0), 1)
+            await a.drain()
+            result.update(got=list(got), same=bytes(region) == block, hook=ep_a.on_send_space)
+
+    sim.run(main)
+    assert isinstance(result["held"], int) and result["held"] > 0  # the queue did refuse
+    assert result["got"] == list(range(16))
+    assert result["same"] is True
+    assert result["hook"] is None  # nothing waits any more: the hook is off

@@ -779,7 +779,6 @@ class UamService(ReliableService):
         if endpoint.on_arrival is not None or endpoint.on_send_space is not None:
             raise LocalProtocolError(f"UAM: {endpoint!r} already has a driver attached")
         endpoint.on_arrival = self._on_arrival
-        endpoint.on_send_space = self._on_send_space
         if endpoint.recv_queue:
             self._on_arrival()
 
@@ -918,6 +917,9 @@ class UamService(ReliableService):
             endpoint.send_nowait(peer, datagram)
         except trio.WouldBlock:
             held.append((peer, datagram))
+            # Told when the send queue has room again (only while something waits: the
+            # endpoint calls this hook twice for every PDU sent).
+            endpoint.on_send_space = self._on_send_space
 
     def _on_send_space(self) -> None:
         endpoint = self._events
@@ -930,6 +932,7 @@ class UamService(ReliableService):
             except trio.WouldBlock:
                 return
             held.popleft()
+        endpoint.on_send_space = None
 
     def _on_timer(self, at: float) -> None:
         if at != self._timer_at or self._closed:
