@@ -44,14 +44,12 @@ from stacklib.errors import LocalProtocolError, PeerUnreachable, RemoteProtocolE
 from stacklib.layers.splitc.wire import (
     SCALAR_SIZES,
     Kind,
-    Reply,
-    Request,
     SplitcFormatError,
     Status,
-    build_reply,
-    build_request,
-    parse_reply,
-    parse_request,
+    reply_fields,
+    reply_words,
+    request_fields,
+    request_words,
 )
 from stacklib.layers.uam import UamService
 from stacklib.services import Service
@@ -441,8 +439,7 @@ class SplitC(Service):
             self.counters["refused"] += 1
             raise SplitcAccessError(f"Split-C: {name} {gp}: negative offset")
         op = self._new_op(pending)
-        request = Request(kind, size, region.index, op, gp.offset * size, raw)
-        return build_request(request), pending
+        return request_words(kind, size, region.index, op, gp.offset * size, raw), pending
 
     def _store(self, gp: GlobalPtr, value: Any) -> tuple[int, int, int, int] | None:
         region = self._region(gp.region)
@@ -463,7 +460,7 @@ class SplitC(Service):
             self._stored += size
             return None
         offset = gp.offset * region.itemsize
-        return build_request(Request(Kind.STORE, size, region.index, 0, offset, raw))
+        return request_words(Kind.STORE, size, region.index, 0, offset, raw)
 
     def _new_op(self, pending: Pending) -> int:
         if len(self._ops) >= _OPS:
@@ -733,55 +730,54 @@ class SplitC(Service):
 
     def _on_request(self, peer: int, *words: int) -> None:
         try:
-            request = parse_request(words)
+            kind, size, index, op, offset, data = request_fields(words)
         except SplitcFormatError:
             self.counters["malformed"] += 1
             return
         status = Status.OK
         value = b""
-        if request.region >= len(self._by_index):
+        if index >= len(self._by_index):
             status = Status.NO_REGION
         else:
-            region = self._by_index[request.region]
+            region = self._by_index[index]
             view = region.raw
-            start, end = request.offset, request.offset + request.size
-            exact = request.size == region.itemsize
-            packed = request.kind == Kind.STORE and request.size % region.itemsize == 0
+            end = offset + size
+            exact = size == region.itemsize
+            packed = kind is Kind.STORE and size % region.itemsize == 0
             if not (exact or packed) or end > len(view):
                 status = Status.OUT_OF_BOUNDS
-            elif request.kind == Kind.READ:
-                value = bytes(view[start:end])
+            elif kind is Kind.READ:
+                value = bytes(view[offset:end])
             else:
-                view[start:end] = request.value[: request.size]
-        if status != Status.OK:
+                view[offset:end] = data[:size]
+        if status is not Status.OK:
             self.counters["refused"] += 1
-        if request.kind == Kind.STORE:
-            if status == Status.OK:
-                self._stored += request.size
+        if kind is Kind.STORE:
+            if status is Status.OK:
+                self._stored += size
             return  # one-way: the sender checked the bounds before sending
-        kind = Kind.VALUE if request.kind == Kind.READ else Kind.ACK
-        reply = Reply(kind, request.size, status, request.op, value)
-        self.am.reply(_H_REPLY, *build_reply(reply))
+        answer = Kind.VALUE if kind is Kind.READ else Kind.ACK
+        self.am.reply(_H_REPLY, *reply_words(answer, size, status, op, value))
 
     def _on_reply(self, peer: int, *words: int) -> None:
         try:
-            reply = parse_reply(words)
+            _, size, status, op, value = reply_fields(words)
         except SplitcFormatError:
             self.counters["malformed"] += 1
             return
-        pending = self._ops.pop(reply.op, None)
+        pending = self._ops.pop(op, None)
         if pending is None:
             self.counters["malformed"] += 1
             return
-        if reply.status != Status.OK:
+        if status is not Status.OK:
             error = SplitcAccessError(
                 f"Split-C: {pending.what}: rank {self._rank_of.get(peer)} refused it "
-                f"({reply.status.name.lower().replace('_', ' ')})"
+                f"({status.name.lower().replace('_', ' ')})"
             )
             self._errors.append(error)
             pending._complete(error=error)
         else:
-            pending._complete(reply.value[: reply.size])
+            pending._complete(value[:size])
 
     def _on_stored(self, peer: int, region: int, offset: int, nbytes: int) -> None:
         self._stored += nbytes

@@ -71,6 +71,10 @@ __all__ = [
     "parse_request",
     "parse_request_reference",
     "replies",
+    "reply_fields",
+    "reply_words",
+    "request_fields",
+    "request_words",
     "requests",
 ]
 
@@ -254,6 +258,85 @@ def build_reply(reply: Reply) -> tuple[int, int, int, int]:
     )
     words: tuple[int, int, int, int] = _WORDS.unpack(data)
     return words
+
+
+# ---------------------------------------------------------------------- the per-message path
+#
+# The runtime's hot path works on plain tuples: the same words and fields as build_* and
+# parse_* above (the derived codec of the construct formats), computed with shifts, without
+# Request and Reply objects.  Anything the shifts do not cover (bad words, kinds, sizes,
+# statuses) takes the codec path, which raises the documented error; tests/layers/splitc
+# checks both paths against each other and against the construct formats.
+
+_VALUE = struct.Struct(">II")  # the 8-byte value as the last two words
+
+
+def request_words(
+    kind: Kind, size: int, region: int, op: int, offset: int, value: bytes
+) -> tuple[int, int, int, int]:
+    """``build_request(Request(kind, size, region, op, offset, value))``."""
+    if (
+        size in _SIZES.get(kind, SCALAR_SIZES)
+        and region.__class__ is int
+        and op.__class__ is int
+        and offset.__class__ is int
+        and value.__class__ is bytes
+        and 0 <= region <= 0xFF
+        and 0 <= op <= 0xFFFF
+        and 0 <= offset <= WORD_MAX
+        and len(value) <= 8
+    ):
+        high, low = _VALUE.unpack(value.ljust(8, b"\0") if len(value) < 8 else value)
+        return ((kind << 28) | (size << 24) | (region << 16) | op, offset, high, low)
+    return build_request(Request(kind, size, region, op, offset, value))
+
+
+def reply_words(
+    kind: Kind, size: int, status: Status, op: int, value: bytes
+) -> tuple[int, int, int, int]:
+    """``build_reply(Reply(kind, size, status, op, value))``."""
+    if (
+        size in _SIZES.get(kind, SCALAR_SIZES)
+        and op.__class__ is int
+        and value.__class__ is bytes
+        and 0 <= op <= 0xFFFF
+        and len(value) <= 8
+    ):
+        high, low = _VALUE.unpack(value.ljust(8, b"\0") if len(value) < 8 else value)
+        return ((kind << 28) | (size << 24) | (status << 16) | op, 0, high, low)
+    return build_reply(Reply(kind, size, status, op, value))
+
+
+def _plain_words(words: Sequence[int]) -> bool:
+    return len(words) == WORDS and all(
+        word.__class__ is int and 0 <= word <= WORD_MAX for word in words
+    )
+
+
+def request_fields(words: Sequence[int]) -> tuple[Kind, int, int, int, int, bytes]:
+    """``parse_request(words)`` as (kind, size, region, op, offset, value)."""
+    if _plain_words(words):
+        first = words[0]
+        kind = _REQUEST_KINDS.get(first >> 28)
+        size = (first >> 24) & 0xF
+        if kind is not None and size in _SIZES.get(kind, SCALAR_SIZES):
+            value = _VALUE.pack(words[2], words[3])
+            return kind, size, (first >> 16) & 0xFF, first & 0xFFFF, words[1], value
+    request = parse_request(words)  # raises SplitcFormatError
+    return request.kind, request.size, request.region, request.op, request.offset, request.value
+
+
+def reply_fields(words: Sequence[int]) -> tuple[Kind, int, Status, int, bytes]:
+    """``parse_reply(words)`` as (kind, size, status, op, value)."""
+    if _plain_words(words):
+        first = words[0]
+        kind = _REPLY_KINDS.get(first >> 28)
+        size = (first >> 24) & 0xF
+        status = _STATUSES.get((first >> 16) & 0xFF)
+        if kind is not None and status is not None and size in _SIZES.get(kind, SCALAR_SIZES):
+            return kind, size, status, first & 0xFFFF, _VALUE.pack(words[2], words[3])
+    reply = parse_reply(words)  # raises SplitcFormatError
+    return reply.kind, reply.size, reply.status, reply.op, reply.value
 
 
 def requests() -> SearchStrategy[Request]:

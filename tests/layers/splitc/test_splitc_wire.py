@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import struct
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -26,6 +27,10 @@ from stacklib.layers.splitc.wire import (
     parse_request,
     parse_request_reference,
     replies,
+    reply_fields,
+    reply_words,
+    request_fields,
+    request_words,
     requests,
 )
 
@@ -164,3 +169,59 @@ def test_reply_codec_agrees_with_construct(
     }
     assert packed == REPLY_FORMAT.build(spec)
     assert struct.unpack(">4I", packed)[1] == 0
+
+
+# --- the per-message path: tuples, the same words and fields --------------------------------
+
+WORD = st.integers(0, 2**32 - 1)
+ANY_WORD = st.one_of(WORD, st.integers(-5, 2**33), st.booleans(), st.none())
+
+
+@given(requests())
+def test_request_words_are_build_requests(request: Request) -> None:
+    fields = (request.kind, request.size, request.region, request.op, request.offset)
+    value = request.value.rstrip(b"\0")  # shorter values are padded the same way
+    assert request_words(*fields, request.value) == build_request(request)
+    assert request_words(*fields, value) == build_request(attrs.evolve(request, value=value))
+    assert request_fields(build_request(request)) == attrs.astuple(request, recurse=False)
+
+
+@given(replies())
+def test_reply_words_are_build_replies(reply: Reply) -> None:
+    assert reply_words(reply.kind, reply.size, reply.status, reply.op, reply.value) == (
+        build_reply(reply)
+    )
+    assert reply_fields(build_reply(reply)) == attrs.astuple(reply, recurse=False)
+
+
+@given(st.lists(ANY_WORD, min_size=0, max_size=6))
+def test_request_fields_parse_or_raise_as_parse_request(words: list[object]) -> None:
+    try:
+        expected = attrs.astuple(parse_request(words), recurse=False)  # type: ignore[arg-type]
+    except SplitcFormatError as error:
+        with pytest.raises(SplitcFormatError) as raised:
+            request_fields(words)  # type: ignore[arg-type]
+        assert raised.value.kind is error.kind
+    else:
+        assert request_fields(words) == expected  # type: ignore[arg-type]
+
+
+@given(st.lists(ANY_WORD, min_size=0, max_size=6))
+def test_reply_fields_parse_or_raise_as_parse_reply(words: list[object]) -> None:
+    try:
+        expected = attrs.astuple(parse_reply(words), recurse=False)  # type: ignore[arg-type]
+    except SplitcFormatError as error:
+        with pytest.raises(SplitcFormatError) as raised:
+            reply_fields(words)  # type: ignore[arg-type]
+        assert raised.value.kind is error.kind
+    else:
+        assert reply_fields(words) == expected  # type: ignore[arg-type]
+
+
+def test_request_words_reject_what_build_request_rejects() -> None:
+    with pytest.raises(ValueError):
+        request_words(Kind.WRITE, 8, 300, 0, 0, b"")  # region beyond a byte
+    with pytest.raises(ValueError):
+        request_words(Kind.WRITE, 8, 0, 0, 0, bytes(9))  # more than 8 bytes
+    with pytest.raises(SplitcFormatError):
+        request_words(Kind.WRITE, 3, 0, 0, 0, b"")  # not a scalar size
