@@ -416,23 +416,23 @@ class SplitC(Service):
             raise LocalProtocolError(
                 f"Split-C: scalar access to {gp.region!r}: elements of {size} bytes (1, 2, 4, 8)"
             )
-        name = "get" if kind == Kind.READ else "put"
-        self.counters[name + "s"] += 1
-        pending = Pending(name, gp, region.array.dtype if kind == Kind.READ else None)
-        raw = b"" if kind == Kind.READ else _encode(region, value)
+        read = kind is Kind.READ
+        name = "get" if read else "put"
+        self.counters["gets" if read else "puts"] += 1
+        pending = Pending(name, gp, region.array.dtype if read else None)
+        raw = b"" if read else _encode(region, value)
         if gp.rank == self.rank:
             self.counters["local"] += 1
-            if not 0 <= gp.offset < len(region.array):
+            offset = gp.offset
+            if not 0 <= offset < len(region.array):
                 self.counters["refused"] += 1
                 error = SplitcAccessError(f"Split-C: {name} {gp}: outside this rank's region")
                 self._errors.append(error)
                 pending._complete(error=error)
-            elif kind == Kind.READ:
-                pending._complete(region.array[gp.offset : gp.offset + 1].tobytes())
+            elif read:
+                pending._complete(bytes(region.raw[offset * size : (offset + 1) * size]))
             else:
-                region.array.view(np.uint8)[gp.offset * size : (gp.offset + 1) * size] = (
-                    np.frombuffer(raw, np.uint8)
-                )
+                region.raw[offset * size : (offset + 1) * size] = raw
                 pending._complete()
             return None, pending
         if gp.offset < 0:
