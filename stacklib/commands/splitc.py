@@ -2,13 +2,16 @@
 
     stacklib splitc list                                the benchmarks, machines and transports
     stacklib splitc run BENCHMARK -n N --transport T    run one benchmark, verified and timed
+    stacklib splitc table1 [--full] [--jobs N] ...      paper 003 Tables 1-2 on every core
 
 ``--transport`` is ``memory`` (one process, real time), a simulated cluster (``sim-atm``,
 ``sim-fe``, virtual time) or machine (``unet-atm``, ``atm-003``, ``fe-003``, ``cm5``,
 ``meiko``: computation charged from the machine's costs), or ``shm``/``udp``: N real
 processes started like ``stacklib spawn``.  ``--transport udp --netns`` puts each rank in its
 own network namespace, the namespaces joined by a bridge (needs CAP_NET_ADMIN; everything is
-deleted afterwards).  docs/splitc.md describes the programs.
+deleted afterwards).  ``table1`` simulates the runs of paper 003 Table 1 in a process pool
+(stacklib.experiments.splitc.run_cells), at scaled sizes unless ``--full``, and compares the
+total wall time with the 814 s the 1996 clusters took.  docs/splitc.md describes the programs.
 """
 
 from __future__ import annotations
@@ -22,9 +25,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from stacklib.commands._common import sizes_type
+
+if TYPE_CHECKING:
+    from stacklib.experiments.splitc import CellResult
 
 REAL = ("shm", "udp")
 
@@ -205,6 +212,168 @@ def _stop_all(ranks: list[subprocess.Popen[bytes]]) -> None:
             rank.wait()
 
 
+def _size_override(text: str) -> tuple[str, tuple[int, ...]]:
+    """``--size BENCH=N,N``: one benchmark's size arguments."""
+    benchmark, sep, rest = text.partition("=")
+    if not sep or not benchmark:
+        raise argparse.ArgumentTypeError(f"expected BENCH=N,N (e.g. mm16=8,16), not {text!r}")
+    return benchmark, sizes_type("mm16=8,16")(rest)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(part.strip().lower() for part in text.split(",") if part.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list, not {text!r}")
+    return names
+
+
+def _table(headings: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headings)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headings, widths, strict=True)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def cmd_table1(args: argparse.Namespace) -> int:
+    from stacklib.bench.splitc.programs import SMALL_SIZES
+    from stacklib.experiments import splitc as experiment
+
+    if args.small:
+        sizes = {b: SMALL_SIZES[b][1] for b in experiment.TABLE1}
+        scale = "test sizes (--small)"
+    elif args.full:
+        sizes = {}
+        scale = "the paper's sizes"
+    else:
+        sizes = dict(experiment.SCALED_SUITE)
+        scale = "scaled sizes (--full for the paper's)"
+    for benchmark, override in args.size:
+        if benchmark not in experiment.TABLE1:
+            known = ", ".join(experiment.TABLE1)
+            raise KeyError(f"--size: no Table 1 benchmark {benchmark!r} (known: {known})")
+        sizes[benchmark] = override
+    benchmarks = args.only or tuple(experiment.TABLE1)
+    cells = experiment.suite(benchmarks, args.network, args.nodes, sizes)
+    jobs = args.jobs if args.jobs is not None else os.cpu_count() or 1
+    if jobs < 1:
+        print(f"stacklib splitc: --jobs must be at least 1, not {args.jobs}", file=sys.stderr)
+        return 2
+    processes = min(jobs, len(cells))
+    print(
+        f"stacklib splitc table1: {len(cells)} runs of paper 003 Table 1 at {scale} on "
+        f"{processes} process{'es' if processes > 1 else ''}, longest expected first",
+        file=sys.stderr,
+        flush=True,
+    )
+    started = time.perf_counter()
+    try:
+        results = experiment.run_cells(
+            cells, jobs, lambda line: print(line, file=sys.stderr, flush=True), live=True
+        )
+    except RuntimeError as error:
+        print(f"stacklib splitc: {error}", file=sys.stderr)
+        return 1
+    wall = time.perf_counter() - started
+    paper_total = sum(r.paper for r in results)
+    if args.json:
+        print(json.dumps(_table1_json(results, wall, processes, paper_total), indent=2))
+        return 0
+    rows: list[tuple[str, ...]] = []
+    for r in results:
+        cell = r.cell
+        deviation = f"{(r.total - r.paper) / r.paper:+.1%}" if cell.paper_size else "scaled"
+        rows.append(
+            (
+                cell.benchmark,
+                cell.network.upper(),
+                str(cell.nodes),
+                "paper" if cell.paper_size else "x".join(map(str, cell.sizes or ())),
+                f"{r.paper:.2f}",
+                f"{r.total:.4g}",
+                deviation,
+                f"{r.compute:.4g}",
+                f"{max(0.0, r.total - r.compute):.4g}",
+                f"{r.wall:.2f}",
+            )
+        )
+    headings = ("benchmark", "network", "nodes", "sizes", "paper s", "measured s",
+                "deviation", "computation s", "communication s", "wall s")  # fmt: skip
+    print("paper 003 Table 1, simulated (computation: mean over ranks)")
+    print(_table(headings, rows))
+    speedups = _speedups(results)
+    if speedups:
+        print()
+        scaled = "" if all(r.cell.paper_size for r in results) else " (scaled sizes)"
+        print(f"paper 003 Table 2: speedup from 2 to 8 nodes, (N8/N2) x T2/T8{scaled}")
+        rows2: list[tuple[str, ...]] = [
+            (b, network.upper(), f"{paper:.1f}", f"{measured:.2f}",
+             f"{(measured - paper) / paper:+.1%}")
+            for b, network, paper, measured in speedups
+        ]  # fmt: skip
+        print(_table(("benchmark", "network", "paper", "measured", "deviation"), rows2))
+    print()
+    whole = experiment.CLUSTERS_SECONDS
+    these = "" if len(results) == 36 else f" ({paper_total:.0f} s for these {len(results)} runs)"
+    print(
+        f"{len(results)} runs in {wall:.1f} s of wall time on {processes} "
+        f"process{'es' if processes > 1 else ''} (the runs' own wall times add up to "
+        f"{sum(r.wall for r in results):.1f} s); the 1996 clusters took {whole:.1f} s for the "
+        f"36 runs of Table 1{these}"
+    )
+    return 0
+
+
+def _speedups(results: list[CellResult]) -> list[tuple[str, str, float, float]]:
+    """(benchmark, network, paper, measured) for each pair of 2- and 8-node runs."""
+    from stacklib.experiments import splitc as experiment
+
+    times = {(r.cell.benchmark, r.cell.network, r.cell.nodes): r.total for r in results}
+    out = []
+    for (benchmark, network, n), t2 in times.items():
+        t8 = times.get((benchmark, network, 8))
+        if n == 2 and t8 is not None:
+            column = tuple(experiment.CLUSTERS).index(network)
+            paper = experiment.TABLE2[benchmark][column]
+            out.append((benchmark, network, paper, experiment.speedup(benchmark, t2, t8)))
+    return out
+
+
+def _table1_json(
+    results: list[CellResult], wall: float, processes: int, paper_total: float
+) -> dict[str, Any]:
+    from stacklib.experiments import splitc as experiment
+
+    runs = [
+        {
+            "benchmark": r.cell.benchmark,
+            "network": r.cell.network,
+            "nodes": r.cell.nodes,
+            "sizes": list(r.cell.sizes) if r.cell.sizes else None,
+            "paper_size": r.cell.paper_size,
+            "paper_seconds": r.paper,
+            "seconds": r.total,
+            "deviation": (r.total - r.paper) / r.paper if r.cell.paper_size else None,
+            "computation_seconds": r.compute,
+            "communication_seconds": max(0.0, r.total - r.compute),
+            "wall_seconds": r.wall,
+        }
+        for r in results
+    ]
+    speedups = [
+        {"benchmark": b, "network": network, "paper": paper, "measured": measured}
+        for b, network, paper, measured in _speedups(results)
+    ]
+    return {
+        "runs": runs,
+        "speedups": speedups,
+        "wall_seconds": wall,
+        "processes": processes,
+        "clusters_seconds": paper_total,
+        "clusters_seconds_all": experiment.CLUSTERS_SECONDS,
+    }
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from stacklib.bench.splitc.cluster import TRANSPORTS
     from stacklib.bench.splitc.programs import PAPER_SIZES, PROGRAMS
@@ -249,5 +418,37 @@ def add_commands(commands: argparse._SubParsersAction[Any]) -> None:
         help="udp: each rank in its own network namespace, joined by a bridge (needs root)",
     )
     run.set_defaults(func=cmd_run)
+    table = sub.add_parser(
+        "table1",
+        help="paper 003 Tables 1-2: the 36 runs on every core, with progress",
+        description="Simulate the runs of paper 003 Table 1 (six benchmarks on 2, 4 and 8 "
+        "nodes of the ATM and Fast Ethernet clusters) in a process pool, longest first, with "
+        "a line per finished run on stderr; print Table 1 (paper vs measured, computation and "
+        "communication), Table 2 (speedups) and the total wall time against the 814 s the "
+        "1996 clusters took. Scaled sizes unless --full.",
+    )
+    scale = table.add_mutually_exclusive_group()
+    scale.add_argument("--full", action="store_true", help="the paper's sizes (minutes per run)")
+    scale.add_argument("--small", action="store_true", help="test sizes (seconds in all)")
+    table.add_argument(
+        "--size",
+        type=_size_override,
+        action="append",
+        default=[],
+        metavar="BENCH=N,N",
+        help="one benchmark's size arguments, e.g. rsortsm=4096 (repeatable)",
+    )
+    table.add_argument(
+        "--only", type=_names, metavar="BENCH,...", help="mm128, mm16, ssortsm, ssortlg, ..."
+    )
+    table.add_argument(
+        "--nodes", type=sizes_type("2,4,8"), default=(2, 4, 8), metavar="N,...", help="2,4,8"
+    )
+    table.add_argument(
+        "--network", type=_names, default=("atm", "fe"), metavar="NET,...", help="atm,fe"
+    )
+    table.add_argument("--jobs", type=int, help="processes (default: one per CPU)")
+    table.add_argument("--json", action="store_true", help="the results as JSON on stdout")
+    table.set_defaults(func=cmd_table1)
     listing = sub.add_parser("list", help="the benchmarks, machines and transports")
     listing.set_defaults(func=cmd_list)

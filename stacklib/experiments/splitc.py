@@ -1,21 +1,25 @@
 """Split-C over UAM on the simulated machines: paper 000 Table 3's Split-C store row, paper 003
-Tables 1-2 (the bulk programs), paper 000 Fig 5's stated comparisons.
+Tables 1-2, paper 000 Fig 5's stated comparisons.
 
 ``stacklib reproduce splitc`` runs, in virtual time, a scaled configuration by default
 (:func:`run_experiment`; its sizes are printed with the results) and the paper's sizes with
-``run_experiment(full=True)``:
+``stacklib reproduce --full`` (``run_experiment(full=True)``).  Every run is an independent
+deterministic simulation, so the runs go to a process pool (:func:`run_cells`: one process per
+CPU, the longest expected first, a progress line per finished run, the same numbers as in one
+process); ``stacklib splitc table1`` runs any part of Table 1 the same way.
 
 * Table 3 (paper 000): the Split-C round trip (a blocking read: one request, one reply) and
   the bandwidth of 4 KB bulk stores, on two SPARCstation-20s with SBA-200s;
-* Table 1 (paper 003) for mm 16x16, ssortlg and rsortlg on 2, 4 and 8 nodes of the ATM and FE
-  clusters.  Full: at the paper's sizes (512K keys per node; 16x16 blocks of 16x16), each
+* Table 1 (paper 003) on 2, 4 and 8 nodes of the ATM and FE clusters.  Full: all 36 runs at
+  the paper's sizes (512K keys per node; 8x8 blocks of 128x128, 16x16 blocks of 16x16), each
   time against the paper's; the 2-node times are calibrated
-  (stacklib/transports/sim/machines.py), the rest are predictions (tolerance 20%).  mm 128x128
-  and the small-message sorts take minutes to simulate at the paper's sizes: :func:`table1`
-  runs them on request.  Scaled (:data:`SCALED_TABLE1`): absolute times are not comparable,
-  so only what carries over is checked: ATM ahead of FE on each of them at every node count
-  (paper 003 §5.2: ATM ahead by bandwidth and the SPARC's floating point), and the
-  speedups of Table 2;
+  (stacklib/transports/sim/machines.py), the rest are predictions (tolerance 20%); which
+  cluster is ahead at each node count (paper 003 §5.2: ATM on the matrix multiplies and bulk
+  sorts by bandwidth and the SPARC's floating point, FE on the small-message sorts by lower
+  overhead); the wall time of the 36 runs against the 814.6 s the 1996 clusters took (their
+  sum).  Scaled (:data:`SCALED_TABLE1`: mm 16x16, ssortlg, rsortlg): absolute times are not
+  comparable, so only what carries over is checked: ATM ahead of FE at every node count, and
+  the speedups of Table 2;
 * Table 2 (paper 003): the speedup from 2 to 8 nodes, ``(N8 / N2) x T2 / T8`` where N is the
   problem size per run: the matrix is fixed, the sorts' keys grow with the nodes ("the number
   of keys per processor is kept constant", §5.2).  This definition gives every entry of the
@@ -30,30 +34,47 @@ docs/splitc.md has the results and how each number was obtained.
 from __future__ import annotations
 
 import functools
+import multiprocessing
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing.context import BaseContext
 from pathlib import Path
+from typing import Any
 
+import attrs
 import numpy as np
 import trio
 
 from stacklib.bench.splitc.cluster import run_spmd
-from stacklib.bench.splitc.programs import make_program
+from stacklib.bench.splitc.programs import PAPER_SIZES, make_program
 from stacklib.layers.splitc import SplitC
 from stacklib.reproduce import Experiment, Figure, register_experiment
 from stacklib.transports.sim.machines import MACHINES
 
 __all__ = [
+    "CLUSTERS_SECONDS",
     "FIG5_FAST",
     "FIG5_SIZES",
+    "SCALED_SUITE",
     "SCALED_TABLE1",
     "TABLE1",
     "TABLE2",
+    "Cell",
+    "CellResult",
+    "cell_line",
     "draw",
+    "expected_cost",
     "fig5",
+    "fig5_cells",
+    "run_cell",
+    "run_cells",
     "run_experiment",
+    "speedup",
     "split_c_store",
+    "suite",
     "table1",
 ]
 
@@ -167,57 +188,324 @@ def _progress(line: str) -> None:
     print(f"splitc: {line}", file=sys.stderr, flush=True)
 
 
+#: The sum of paper 003 Table 1: the wall time the two 1996 clusters took to run the suite.
+CLUSTERS_SECONDS = sum(sum(row.values()) for row in TABLE1.values())
+#: Table 1 at scaled sizes for all six benchmarks (``stacklib splitc table1`` without
+#: ``--full``): :data:`SCALED_TABLE1`, mm 128x128 as 8x8 blocks of 32x32, and 4K and 1K keys
+#: per node for the small-message sorts (a 128th and a 512th of 512K).
+SCALED_SUITE: dict[str, tuple[int, ...]] = {
+    "mm128": (8, 32),
+    "mm16": SCALED_TABLE1["mm16"],
+    "ssortsm": (4 * 1024,),
+    "ssortlg": SCALED_TABLE1["ssortlg"],
+    "rsortsm": (1024,),
+    "rsortlg": SCALED_TABLE1["rsortlg"],
+}
+
+
+@attrs.frozen
+class Cell:
+    """One simulated run: a benchmark on ``nodes`` nodes of a paper 003 cluster (``network``
+    ``atm`` or ``fe``: a cell of Table 1) or of a machine (``cm5``, ``unet-atm``, ...: Fig 5),
+    at ``sizes`` (None: the paper's)."""
+
+    benchmark: str
+    network: str
+    nodes: int
+    sizes: tuple[int, ...] | None = None
+
+    @property
+    def machine(self) -> str:
+        return CLUSTERS.get(self.network, self.network)
+
+    @property
+    def paper_size(self) -> bool:
+        """Whether this is a Table 1 cell at the paper's sizes, comparable with the paper."""
+        if self.network not in CLUSTERS:
+            return False
+        return self.sizes is None or self.sizes == PAPER_SIZES[self.benchmark][1]
+
+    @property
+    def label(self) -> str:
+        return f"{self.benchmark} {self.network.upper()} {self.nodes} nodes"
+
+
+@attrs.frozen
+class CellResult:
+    """A finished :class:`Cell`: the slowest rank's total and the ranks' mean computation
+    (simulated seconds), and the wall-clock seconds the simulation took."""
+
+    cell: Cell
+    total: float
+    compute: float
+    wall: float
+
+    @property
+    def paper(self) -> float:
+        return TABLE1[self.cell.benchmark][self.cell.network, self.cell.nodes]
+
+
+def run_cell(cell: Cell) -> CellResult:
+    """Simulate one cell (a fresh simulation with seed 1: the same numbers in any process and
+    in any order).  Module-level, so that a process pool can run it."""
+    started = time.perf_counter()
+    program = make_program(cell.benchmark, cell.sizes, machine=MACHINES[cell.machine])
+    run = run_spmd(program, cell.nodes, cell.machine)
+    if not all(r.ok for r in run.results):
+        raise RuntimeError(f"{cell.label}: wrong result")
+    total = max(r.total for r in run.results)
+    compute = sum(r.compute for r in run.results) / cell.nodes
+    return CellResult(cell, total, compute, time.perf_counter() - started)
+
+
+#: The wall time of moving 1 KB in bulk against that of one small message (both through UAM,
+#: the NI models and the fabric), measured at the paper's sizes: mm 128x128 on 2 FE nodes moves
+#: 2 x 128 KB per block step and takes 107 ms per step, small-message stores take about 0.1 ms.
+BULK_KB_COST = 4.0
+
+
+def expected_cost(cell: Cell) -> float:
+    """A rough estimate of a cell's wall time, in small UAM messages' worth (about 0.1 ms each
+    when measured), to start the longest cells first.
+
+    It counts the programs' traffic (stacklib/bench/splitc/programs.py): a small-message sort
+    sends one store per two keys (the radix sort's four passes send some keys singly: 0.75
+    stores per key, estimated); a bulk sort sends the keys that leave their node, charged per
+    KB (:data:`BULK_KB_COST`), plus its numpy sorting (about one message's worth per 1000
+    keys); the matrix multiply fetches two blocks per block step and meets at a barrier (some
+    six messages).  A message costs more with more peers to serve, ``1 + nodes / 8`` (measured:
+    ssortsm at 2K keys per node takes 1.6 times as long per store on 8 nodes as on 2).
+    Connected components and conjugate gradient (Fig 5) are scaled to their wall times at
+    :data:`FIG5_FAST` against the sorts'.  Against measured wall times (paper sizes, mm128 and
+    ssortsm on 2 nodes, mm16, ssortlg, rsortlg on 2 to 8) it is within a factor of two.
+    """
+    sizes = cell.sizes or PAPER_SIZES[cell.benchmark][1]
+    n = cell.nodes
+    peers = 1 + n / 8
+    remote = (n - 1) / n
+    if cell.benchmark in ("cc", "cg"):
+        rows, cols = sizes
+        return rows * cols * n * (2.0 if cell.benchmark == "cc" else 0.125) * peers
+    if cell.benchmark.startswith("mm"):
+        blocks, block = sizes
+        kb = block * block * 8 / 1024
+        return float(blocks**3) * (6 * peers + 2 * kb * remote * BULK_KB_COST)
+    keys = sizes[0] * n
+    passes = 4 if cell.benchmark.startswith("rsort") else 1
+    if cell.benchmark.endswith("sm"):
+        return passes * keys * (0.75 if passes > 1 else 0.5) * peers
+    return passes * keys * 4 / 1024 * remote * BULK_KB_COST + keys / 1000
+
+
+def _minutes(seconds: float) -> str:
+    seconds = round(seconds)
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def cell_line(
+    index: int, count: int, result: CellResult, elapsed: float, left: float | None
+) -> str:
+    """The progress line of a finished cell: ``[7/36] rsortsm FE 8 nodes: 90.12 s simulated
+    (paper 90.50, -0.4%), 41.3 s wall; 5:12 elapsed, about 3:40 left``."""
+    cell = result.cell
+    if cell.paper_size:
+        deviation = (result.total - result.paper) / result.paper
+        versus = f"paper {result.paper:.2f}, {deviation:+.1%}"
+    else:
+        versus = f"scaled to {'x'.join(map(str, cell.sizes or ()))}"
+    line = (
+        f"[{index}/{count}] {cell.label}: {result.total:.2f} s simulated ({versus}), "
+        f"{result.wall:.1f} s wall; {_minutes(elapsed)} elapsed"
+    )
+    if left is not None:
+        line += f", about {_minutes(left)} left"
+    return line
+
+
+class _Display:
+    """Progress of a set of cells on stderr: a line per finished cell with the elapsed wall
+    time and an estimate of what is left (from :func:`expected_cost` and the rate so far);
+    with ``live``, on a terminal and with the optional ``rich`` installed, a live bar too."""
+
+    def __init__(
+        self,
+        cells: Sequence[Cell],
+        write: Callable[[str], None] | None,
+        live: bool,
+        clock: Callable[[], float],
+    ) -> None:
+        self.count = len(cells)
+        self.total_cost = sum(map(expected_cost, cells)) or 1.0
+        self.done_cost = 0.0
+        self.done = 0
+        self.write = write
+        self.clock = clock
+        self.started = clock()
+        self.bar: Any = None
+        if live and write is not None and sys.stderr.isatty():
+            try:
+                from rich.console import Console
+                from rich.progress import (
+                    BarColumn,
+                    MofNCompleteColumn,
+                    Progress,
+                    TextColumn,
+                    TimeElapsedColumn,
+                )
+            except ImportError:
+                pass  # rich is optional: plain lines
+            else:
+                self.bar = Progress(
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TimeElapsedColumn(),
+                    TextColumn("{task.description}"),
+                    console=Console(stderr=True),
+                    transient=True,
+                )
+                self.task = self.bar.add_task("", total=self.count)
+                self.bar.start()
+
+    def finished(self, result: CellResult) -> None:
+        self.done += 1
+        self.done_cost += expected_cost(result.cell)
+        elapsed = self.clock() - self.started
+        left = None
+        if self.done < self.count and elapsed > 0:
+            left = elapsed * (self.total_cost - self.done_cost) / self.done_cost
+        line = cell_line(self.done, self.count, result, elapsed, left)
+        if self.bar is not None:
+            self.bar.console.print(line, markup=False, highlight=False)
+            remaining = "" if left is None else f"about {_minutes(left)} left"
+            self.bar.update(self.task, advance=1, description=remaining)
+        elif self.write is not None:
+            self.write(line)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _context() -> BaseContext:
+    """Fresh worker processes (never a fork of this one, whose trio and threads a fork would
+    copy): from a fork server that has imported the simulator once, where there is one
+    (about 0.1 s per pool after the first, against some 2 s for two spawned workers that each
+    import it), else spawned."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload([__name__])
+        return context
+    return multiprocessing.get_context("spawn")
+
+
+def run_cells(
+    cells: Sequence[Cell],
+    jobs: int | None = None,
+    progress: Callable[[str], None] | None = None,
+    *,
+    live: bool = False,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[CellResult]:
+    """Simulate ``cells`` (in the order given back) on ``jobs`` processes (None: one per
+    CPU; 1: in this process), the longest expected first so that every process stays busy
+    to the end.  ``progress`` gets a line per finished cell (:func:`cell_line`); with
+    ``live``, on a terminal and with ``rich`` installed, the lines go to stderr above a live
+    progress bar instead.  ``clock`` times the progress lines only."""
+    if jobs is None:
+        jobs = os.cpu_count() or 1
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, got {jobs}")
+    display = _Display(cells, progress, live, clock)
+    results: dict[int, CellResult] = {}
+    order = sorted(range(len(cells)), key=lambda i: -expected_cost(cells[i]))
+    try:
+        if jobs == 1 or len(cells) <= 1:
+            for i in order:
+                results[i] = run_cell(cells[i])
+                display.finished(results[i])
+        else:
+            workers = min(jobs, len(cells))
+            with ProcessPoolExecutor(workers, mp_context=_context()) as pool:
+                futures = {pool.submit(run_cell, cells[i]): i for i in order}
+                try:
+                    for future in as_completed(futures):
+                        results[futures[future]] = future.result()
+                        display.finished(results[futures[future]])
+                except BaseException:
+                    # A failed cell or an interrupt: do not start the cells still queued.
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    raise
+    finally:
+        display.close()
+    return [results[i] for i in range(len(cells))]
+
+
+def suite(
+    benchmarks: Sequence[str] = tuple(TABLE1),
+    networks: Sequence[str] = tuple(CLUSTERS),
+    nodes: Sequence[int] = (2, 4, 8),
+    sizes: Mapping[str, tuple[int, ...]] | None = None,
+) -> list[Cell]:
+    """The cells of Table 1 for ``benchmarks`` x ``networks`` x ``nodes``, each at
+    ``sizes[benchmark]`` or the paper's sizes; unknown names raise KeyError."""
+    for benchmark in benchmarks:
+        if benchmark not in TABLE1:
+            raise KeyError(f"no Table 1 benchmark {benchmark!r} (known: {', '.join(TABLE1)})")
+    for network in networks:
+        if network not in CLUSTERS:
+            raise KeyError(f"no Table 1 network {network!r} (known: {', '.join(CLUSTERS)})")
+    for n in nodes:
+        if ("atm", n) not in TABLE1["mm16"]:
+            raise KeyError(f"Table 1 has no column for {n} nodes (known: 2, 4, 8)")
+    return [
+        Cell(benchmark, network, n, (sizes or {}).get(benchmark))
+        for benchmark in benchmarks
+        for network in networks
+        for n in nodes
+    ]
+
+
 def table1(
     benchmarks: Sequence[str] = DEFAULT_TABLE1,
     nodes: Sequence[int] = (2, 4, 8),
     progress: Callable[[str], None] | None = None,
     sizes: Mapping[str, tuple[int, ...]] | None = None,
+    *,
+    jobs: int | None = None,
+    live: bool = False,
 ) -> dict[tuple[str, str, int], tuple[float, float]]:
     """Simulated paper 003 Table 1 entries at the paper's sizes (or ``sizes[benchmark]``):
     (benchmark, network, nodes) -> (total, computation) seconds (the slowest rank's total,
-    the ranks' mean computation).  ``progress`` gets a line per run."""
-    out = {}
-    for benchmark in benchmarks:
-        for network, machine_name in CLUSTERS.items():
-            machine = MACHINES[machine_name]
-            for n in nodes:
-                started = time.perf_counter()
-                scaled = (sizes or {}).get(benchmark)
-                program = make_program(benchmark, scaled, machine=machine)
-                run = run_spmd(program, n, machine_name)
-                if not all(r.ok for r in run.results):
-                    raise RuntimeError(f"{benchmark} on {n} {network} nodes: wrong result")
-                total = max(r.total for r in run.results)
-                compute = sum(r.compute for r in run.results) / n
-                out[benchmark, network, n] = (total, compute)
-                if progress is not None:
-                    wall = time.perf_counter() - started
-                    progress(
-                        f"{benchmark} {network.upper()} {n} nodes: {total:.3f} s ({wall:.1f} s)"
-                    )
-    return out
+    the ranks' mean computation).  The runs go to ``jobs`` processes (:func:`run_cells`;
+    None: one per CPU, 1: this process; the numbers are the same); ``progress`` gets a line
+    per run."""
+    cells = suite(benchmarks, tuple(CLUSTERS), nodes, sizes)
+    return {
+        (r.cell.benchmark, r.cell.network, r.cell.nodes): (r.total, r.compute)
+        for r in run_cells(cells, jobs, progress, live=live)
+    }
+
+
+FIG5_MACHINES = ("cm5", "meiko", "unet-atm")
+
+
+def fig5_cells(nodes: int = 8, sizes: Mapping[str, tuple[int, ...]] = FIG5_SIZES) -> list[Cell]:
+    """The runs of paper 000 Fig 5: every program on each machine."""
+    return [Cell(b, name, nodes, sizes[b]) for b in FIG5_SIZES for name in FIG5_MACHINES]
 
 
 def fig5(
     nodes: int = 8,
     progress: Callable[[str], None] | None = None,
     sizes: Mapping[str, tuple[int, ...]] = FIG5_SIZES,
+    *,
+    jobs: int | None = None,
 ) -> dict[tuple[str, str], tuple[float, float]]:
     """Paper 000 Fig 5 at ``sizes`` (:data:`FIG5_SIZES`, or :data:`FIG5_FAST`):
-    (benchmark, machine) -> (total, computation)."""
-    out = {}
-    for benchmark in FIG5_SIZES:
-        program_sizes = sizes[benchmark]
-        for name in ("cm5", "meiko", "unet-atm"):
-            program = make_program(benchmark, program_sizes, machine=MACHINES[name])
-            run = run_spmd(program, nodes, name)
-            if not all(r.ok for r in run.results):
-                raise RuntimeError(f"{benchmark} on the {name}: wrong result")
-            total = max(r.total for r in run.results)
-            out[benchmark, name] = (total, sum(r.compute for r in run.results) / nodes)
-            if progress is not None:
-                progress(f"Fig 5: {benchmark} on the {name}: {total:.4f} s")
-    return out
+    (benchmark, machine) -> (total, computation), on ``jobs`` processes like
+    :func:`run_cells`."""
+    results = run_cells(fig5_cells(nodes, sizes), jobs, progress)
+    return {(r.cell.benchmark, r.cell.network): (r.total, r.compute) for r in results}
 
 
 def _fig5_claims(times: dict[tuple[str, str], tuple[float, float]]) -> list[tuple[str, bool]]:
@@ -317,30 +605,60 @@ def _sizes(sizes: Mapping[str, tuple[int, ...]]) -> str:
     return ", ".join(f"{b} {'x'.join(map(str, v))}" for b, v in sizes.items())
 
 
-def run_experiment(full: bool = False) -> list[Figure]:
-    """The figures of ``stacklib reproduce splitc``: a scaled configuration (about 17 s of
-    wall time) or, with ``full``, paper 003 Table 1 at the paper's sizes (about 100 s)."""
+def speedup(benchmark: str, t2: float, t8: float) -> float:
+    """Paper 003 Table 2's speedup from 2 to 8 nodes, ``(N8 / N2) x T2 / T8``: the matrix is
+    the same on every node count, the sorts' keys per node are."""
+    growth = 1.0 if benchmark.startswith("mm") else 4.0
+    return growth * t2 / t8
+
+
+#: Where paper 003 §5.2 has ATM ahead of FE (matrix multiply and bulk sorts: bandwidth and
+#: floating point) and where FE is ahead (small-message sorts: lower overhead).
+ATM_AHEAD = ("mm128", "mm16", "ssortlg", "rsortlg")
+
+
+def run_experiment(full: bool = False, jobs: int | None = None) -> list[Figure]:
+    """The figures of ``stacklib reproduce splitc``: a scaled configuration (about 15 s of
+    wall time) or, with ``full``, all 36 runs of paper 003 Table 1 at the paper's sizes on
+    ``jobs`` processes (None: one per CPU; mm 128x128 and the small-message sorts take minutes
+    each)."""
     started = time.perf_counter()
+    workers = jobs or os.cpu_count() or 1
     rtt, bandwidth = split_c_store()
     figures = [
         Figure("Table 3: Split-C round trip", 72.0, rtt, "us", "paper 000 Table 3", 0.20),
         Figure("Table 3: Split-C store bandwidth", 118.0, bandwidth, "Mbit/s",
                "paper 000 Table 3", 0.20),
     ]  # fmt: skip
+    benchmarks: Sequence[str] = tuple(TABLE1) if full else DEFAULT_TABLE1
     if full:
         _progress(
-            "paper 003 Table 1 at the paper's sizes for mm16, ssortlg, rsortlg (mm128 and the "
-            "small-message sorts: splitc.table1(...) on request); paper 000 Fig 5 at "
-            f"{_sizes(FIG5_SIZES)} per rank"
+            f"paper 003 Table 1: all {len(benchmarks) * 6} runs at the paper's sizes on "
+            f"{workers} processes, longest expected first (the 1996 clusters took "
+            f"{CLUSTERS_SECONDS:.1f} s); paper 000 Fig 5 at {_sizes(FIG5_SIZES)} per rank"
         )
-        results = table1(progress=_progress)
+        suite_started = time.perf_counter()
+        runs = run_cells(suite(benchmarks), jobs, _progress, live=True)
+        _progress(
+            f"paper 003 Table 1: {len(runs)} runs at the paper's sizes in "
+            f"{time.perf_counter() - suite_started:.0f} s of wall time on {workers} processes; "
+            f"the 1996 clusters took {CLUSTERS_SECONDS:.1f} s"
+        )
+        runs += run_cells(fig5_cells(sizes=FIG5_SIZES), jobs, _progress)
     else:
         _progress(
-            f"scaled sizes (run_experiment(full=True) for the paper's): paper 003 Table 1 at "
+            f"scaled sizes (stacklib reproduce --full for the paper's): paper 003 Table 1 at "
             f"{_sizes(SCALED_TABLE1)} (orderings and Table 2's speedups only); paper 000 "
-            f"Fig 5 at {_sizes(FIG5_FAST)} per rank"
+            f"Fig 5 at {_sizes(FIG5_FAST)} per rank; on {workers} processes"
         )
-        results = table1(progress=_progress, sizes=SCALED_TABLE1)
+        # One pool for Table 1 and Fig 5, longest first, so both cores stay busy to the end.
+        cells = suite(benchmarks, sizes=SCALED_TABLE1) + fig5_cells(sizes=FIG5_FAST)
+        runs = run_cells(cells, jobs, _progress)
+    results = {
+        (r.cell.benchmark, r.cell.network, r.cell.nodes): (r.total, r.compute)
+        for r in runs
+        if r.cell.network in CLUSTERS
+    }
     scale = "" if full else " (scaled)"
     if full:  # scaled times are not the paper's: only orderings and speedups carry over
         for (benchmark, network, n), (total, _) in results.items():
@@ -357,12 +675,15 @@ def run_experiment(full: bool = False) -> list[Figure]:
                     0.05 if calibrated else 0.20,
                 )
             )
-    for benchmark in DEFAULT_TABLE1:
+    for benchmark in benchmarks:
         for n in (2, 4, 8):
-            ahead = results[benchmark, "atm", n][0] < results[benchmark, "fe", n][0]
+            atm, fe = results[benchmark, "atm", n][0], results[benchmark, "fe", n][0]
+            order, ahead = ("ATM", "FE"), atm < fe
+            if benchmark not in ATM_AHEAD:
+                order, ahead = ("FE", "ATM"), fe < atm
             figures.append(
                 Figure(
-                    f"Table 1: {benchmark} {n} nodes, ATM ahead of FE{scale}",
+                    f"Table 1: {benchmark} {n} nodes, {order[0]} ahead of {order[1]}{scale}",
                     1.0,
                     float(ahead),
                     "",
@@ -370,21 +691,24 @@ def run_experiment(full: bool = False) -> list[Figure]:
                     0.0,
                 )
             )
-    for benchmark in DEFAULT_TABLE1:
+    for benchmark in benchmarks:
         for column, network in enumerate(("atm", "fe")):
             t2, t8 = results[benchmark, network, 2][0], results[benchmark, network, 8][0]
-            growth = 1.0 if benchmark.startswith("mm") else 4.0
             figures.append(
                 Figure(
                     f"Table 2: {benchmark} {network.upper()} speedup 2 -> 8{scale}",
                     TABLE2[benchmark][column],
-                    growth * t2 / t8,
+                    speedup(benchmark, t2, t8),
                     "x",
                     "paper 003 Table 2 (N8/N2 x T2/T8)",
                     0.20,
                 )
             )
-    times = fig5(progress=_progress, sizes=FIG5_SIZES if full else FIG5_FAST)
+    times = {
+        (r.cell.benchmark, r.cell.network): (r.total, r.compute)
+        for r in runs
+        if r.cell.network not in CLUSTERS
+    }
     for claim, holds in _fig5_claims(times):
         figures.append(Figure(f"Fig 5: {claim}", 1.0, float(holds), "", "paper 000 §6", 0.0))
     _progress(f"simulated in {time.perf_counter() - started:.0f} s of wall time")
@@ -394,7 +718,8 @@ def run_experiment(full: bool = False) -> list[Figure]:
 register_experiment(
     Experiment(
         "splitc",
-        "Split-C over UAM: paper 000 Table 3 and Fig 5, paper 003 Tables 1-2 (bulk programs)",
+        "Split-C over UAM: paper 000 Table 3 and Fig 5, paper 003 Tables 1-2 (bulk programs; "
+        "all six with --full)",
         run_experiment,
         default=True,
         run_full=functools.partial(run_experiment, full=True),
