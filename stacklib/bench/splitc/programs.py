@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import attrs
@@ -25,17 +25,30 @@ import numpy as np
 import numpy.typing as npt
 import trio
 
+from stacklib.bench.splitc.cluster import run_spmd
 from stacklib.layers.splitc import SplitC
-from stacklib.transports.sim.machines import SMALL_BLOCK_BYTES, Machine
+from stacklib.transports.sim.machines import (
+    CALIBRATED_HOSTS,
+    CALIBRATION_POINTS,
+    HOST_CPUS,
+    MACHINES,
+    SMALL_BLOCK_BYTES,
+    CpuCosts,
+    Machine,
+)
 
 __all__ = [
+    "CALIBRATION_ORDER",
     "PAPER_SIZES",
     "PROGRAMS",
     "SMALL_SIZES",
+    "Extrapolation",
     "RankResult",
     "Work",
+    "calibrate",
     "conjugate_gradient",
     "connected_components",
+    "extrapolate",
     "make_program",
     "matmul",
     "radix_sort",
@@ -55,6 +68,8 @@ class RankResult:
     total: float
     compute: float
     detail: str = ""
+    #: Operations charged in the timed section, by kind ("madd", "key", ...).
+    ops: Mapping[str, float] = attrs.field(factory=dict, hash=False)
 
     @property
     def comm(self) -> float:
@@ -75,8 +90,10 @@ class Work:
         self.sc = sc
         self.costs = machine.cpu(sc.rank) if machine is not None else None
         self.start_compute = 0.0
+        self.ops: dict[str, float] = {}
 
     async def __call__(self, op: str, count: float, fn: Callable[[], T]) -> T:
+        self.ops[op] = self.ops.get(op, 0.0) + count
         begin = time.perf_counter()
         result = fn()
         wall = time.perf_counter() - begin
@@ -93,13 +110,15 @@ class Work:
         """Barrier, then the start of the timed section."""
         await self.sc.barrier()
         self.start_compute = self.sc.compute_time
+        self.ops = {}
         return trio.current_time()
 
     async def end(self, start: float, ok: bool, detail: str = "") -> RankResult:
         """Barrier, then this rank's result for the timed section that began at ``start``."""
         await self.sc.barrier()
         total = trio.current_time() - start
-        return RankResult(ok, total, self.sc.compute_time - self.start_compute, detail)
+        compute = self.sc.compute_time - self.start_compute
+        return RankResult(ok, total, compute, detail, dict(self.ops))
 
 
 # ---------------------------------------------------------------------- matrix multiply
@@ -242,8 +261,9 @@ def sample_sort(
     machine: Machine | None = None,
 ) -> Program:
     """Sample sort (paper 000 §6, paper 003 §5.1): sample the keys, sort the samples on one
-    processor, broadcast splitters, send every key to its range's rank (two keys per message,
-    or one bulk message per peer after a local presort), sort locally."""
+    processor, broadcast splitters, send every key to its range's rank (two keys per one-way
+    store in input order, or one bulk message per peer after a local presort), sort
+    locally."""
 
     async def program(sc: SplitC) -> RankResult:
         work = Work(sc, machine)
@@ -270,21 +290,41 @@ def sample_sort(
         expected = int(table[:, sc.rank].sum())
         if expected > capacity:
             raise RuntimeError(f"sample sort: {expected} keys for rank {sc.rank} exceed {capacity}")
-        order = await work("key", n, lambda: np.argsort(dest, kind="stable"))
-        grouped = keys[order]
         bounds = np.concatenate([[0], np.cumsum(counts)])
-        for step in range(p):
-            d = (sc.rank + step) % p  # start with a different peer on each rank
-            part = grouped[bounds[d] : bounds[d + 1]]
-            if len(part) % 2:
-                part = np.append(part, SENTINEL)
-            base = int(offsets[sc.rank, d])
-            if bulk:
+        if bulk:
+            # "presorts the local values such that each processor sends exactly one message
+            # to every other processor" (paper 000 §6)
+            order = await work("key", n, lambda: np.argsort(dest, kind="stable"))
+            grouped = keys[order]
+            for step in range(p):
+                d = (sc.rank + step) % p  # start with a different peer on each rank
+                part = grouped[bounds[d] : bounds[d + 1]]
+                if len(part) % 2:
+                    part = np.append(part, SENTINEL)
                 if len(part):
-                    await sc.bulk_store(sc.ptr(d, "ss.recv", base), part)
-                continue
-            for i in range(0, len(part), 2):
-                await sc.store(sc.ptr(d, "ss.recv", base + i), part[i : i + 2])
+                    await sc.bulk_store(sc.ptr(d, "ss.recv", int(offsets[sc.rank, d])), part)
+        else:
+            # No presort: keys go out in input order, a key waiting in its destination's
+            # one-key buffer until a second joins it ("packs two values per message", paper
+            # 000 §6).  The grouping below only works out that order; it is not charged.
+            order = np.argsort(dest, kind="stable")
+            targets, places, pairs, when = [], [], [], []
+            for d in range(p):
+                part = keys[order[bounds[d] : bounds[d + 1]]]
+                sent_at = order[bounds[d] : bounds[d + 1]][1::2]
+                if len(part) % 2:
+                    part = np.append(part, SENTINEL)
+                    sent_at = np.append(sent_at, n)  # the odd one out goes at the end
+                k = len(part) // 2
+                targets.append(np.full(k, d))
+                places.append(int(offsets[sc.rank, d]) + 2 * np.arange(k))
+                pairs.append(part.reshape(k, 2))
+                when.append(sent_at)
+            schedule = np.argsort(np.concatenate(when), kind="stable")
+            to, at = np.concatenate(targets)[schedule], np.concatenate(places)[schedule]
+            values = np.concatenate(pairs)[schedule]
+            for d, place, pair in zip(to.tolist(), at.tolist(), values, strict=True):
+                await sc.store(sc.ptr(d, "ss.recv", place), pair)
         await sc.store_sync(4 * expected)
         mine = recv[:expected]
         mine = mine[mine != SENTINEL]
@@ -305,13 +345,23 @@ def radix_sort(
     *,
     bulk: bool,
     bits: int = 8,
+    blocking: bool = True,
     seed: int = 1,
     machine: Machine | None = None,
 ) -> Program:
     """Radix sort (paper 003 §5.1): per digit, a local histogram, a global histogram giving
     every key its rank in the sorted array, then every key sent to its place: two keys per
     message when they go to neighbouring places, or one bulk message per peer that the
-    receiver places locally."""
+    receiver places locally.
+
+    The small-message version sends each pair with a blocking ``write`` of one 8-byte value
+    (a request and its reply) when ``blocking`` (the default), or with a one-way ``store``
+    otherwise.  The paper only says it "transfers two keys at a time"; its Table 1 times fit
+    a round trip per message: 2 ATM nodes, 4 passes x 512K keys x 1/2 remote / 2 keys =
+    512K messages per rank in 48.13 s less about 3 s of computation is 86 us each, against
+    Split-C's 72 us round trip (paper 000 Table 3), where one-way stores of about 8 us each
+    would take some 4 s in all (docs/splitc.md, "The small-message sorts").
+    """
 
     async def program(sc: SplitC) -> RankResult:
         work = Work(sc, machine)
@@ -319,8 +369,15 @@ def radix_sort(
         keys = _keys(seed, sc.rank, n)
         regions = ["rs.a", "rs.b"]
         current = await sc.all_alloc(regions[0], n, np.uint32)
-        await sc.all_alloc(regions[1], n, np.uint32)
+        other = await sc.all_alloc(regions[1], n, np.uint32)
         current[:] = keys
+        if not bulk and blocking:
+            # The same memory seen as 8-byte elements from place 0 and from place 1, so that a
+            # pair of keys at any place is one scalar write (a single-cell request on ATM).
+            for name, array in zip(regions, (current, other), strict=True):
+                for first in (0, 1):
+                    pairs = array[first : first + 2 * ((n - first) // 2)].view(np.uint64)
+                    await sc.all_register(f"{name}.pairs{first}", pairs)
         start = await work.begin()
         for shift in range(0, 32, bits):
             source, target = regions[(shift // bits) % 2], regions[(shift // bits + 1) % 2]
@@ -366,6 +423,19 @@ def radix_sort(
                     staged[:] = staged[np.argsort(d, kind="stable")]
 
                 await work("key", n, place)
+            elif blocking:
+                views = (f"{target}.pairs0", f"{target}.pairs1")
+                i = 0
+                while i < n:
+                    d, o = int(dest[i]), int(off[i])
+                    if i + 1 < n and dest[i + 1] == d and off[i + 1] == o + 1:
+                        value = ordered[i : i + 2].view(np.uint64)[0]
+                        await sc.write(sc.ptr(d, views[o % 2], o // 2), value)
+                        i += 2
+                    else:
+                        await sc.write(sc.ptr(d, target, o), ordered[i])
+                        i += 1
+                await sc.barrier()  # every write into this rank has completed
             else:
                 i = 0
                 while i < n:
@@ -573,7 +643,16 @@ PROGRAMS: dict[str, tuple[Callable[..., Program], str]] = {
     "mm": (matmul, "blocked matrix multiply with prefetch"),
     "ssortsm": (lambda n, **kw: sample_sort(n, bulk=False, **kw), "sample sort, 2 keys/message"),
     "ssortlg": (lambda n, **kw: sample_sort(n, bulk=True, **kw), "sample sort, bulk"),
-    "rsortsm": (lambda n, **kw: radix_sort(n, bulk=False, **kw), "radix sort, 2 keys/message"),
+    # Two versions of the small-message radix sort: paper 003 Table 1's times need a round
+    # trip per message, paper 000 §6's Fig 5 comparisons one-way stores (docs/splitc.md).
+    "rsortsm": (
+        lambda n, **kw: radix_sort(n, bulk=False, **kw),
+        "radix sort, 2 keys/blocking write",
+    ),
+    "rsortsm-store": (
+        lambda n, **kw: radix_sort(n, bulk=False, blocking=False, **kw),
+        "radix sort, 2 keys/one-way store",
+    ),
     "rsortlg": (lambda n, **kw: radix_sort(n, bulk=True, **kw), "radix sort, bulk"),
     "cc": (connected_components, "connected components of a random grid"),
     "cg": (conjugate_gradient, "conjugate gradient, 5-point Poisson"),
@@ -587,6 +666,7 @@ PAPER_SIZES: dict[str, tuple[str, tuple[int, ...]]] = {
     "ssortsm": ("ssortsm", (512 * 1024,)),  # paper 003 §5.1: 512K keys per node
     "ssortlg": ("ssortlg", (512 * 1024,)),
     "rsortsm": ("rsortsm", (512 * 1024,)),
+    "rsortsm-store": ("rsortsm-store", (512 * 1024,)),
     "rsortlg": ("rsortlg", (512 * 1024,)),
     "cc": ("cc", (128, 512)),  # ours: paper 000 §6 gives no size
     "cg": ("cg", (128, 512)),  # ours
@@ -600,6 +680,7 @@ SMALL_SIZES: dict[str, tuple[str, tuple[int, ...]]] = {
     "ssortsm": ("ssortsm", (300,)),
     "ssortlg": ("ssortlg", (2000,)),
     "rsortsm": ("rsortsm", (200,)),
+    "rsortsm-store": ("rsortsm-store", (200,)),
     "rsortlg": ("rsortlg", (2000,)),
     "cc": ("cc", (6, 12)),
     "cg": ("cg", (6, 16)),
@@ -622,3 +703,136 @@ def make_program(
     name, default = table[benchmark]
     factory, _ = PROGRAMS[name]
     return factory(*(sizes or default), machine=machine, **params)
+
+
+# ---------------------------------------------------------------------- calibration
+
+#: The order in which :func:`calibrate` fixes the costs: benchmark -> the operation it fixes
+#: (docs/splitc.md, "The machines"): the sample sort's comparisons come last because it also
+#: charges keys.
+CALIBRATION_ORDER: tuple[tuple[str, str], ...] = (
+    ("mm128", "madd"),
+    ("mm16", "madd_small"),
+    ("rsortlg", "key"),
+    ("ssortlg", "compare"),
+)
+
+
+def calibrate(
+    network: str,
+    *,
+    targets: Mapping[str, float] | None = None,
+    sizes: Mapping[str, tuple[int, ...]] | None = None,
+    start: CpuCosts | None = None,
+    iterations: int = 4,
+    tolerance: float = 1e-4,
+    progress: Callable[[str], None] | None = None,
+) -> CpuCosts:
+    """Re-derive the calibrated costs of ``network``'s host ("atm": the SPARCstation-20,
+    "fe": the 120 MHz Pentium) from 2-node runs, as docs/splitc.md describes: for each
+    benchmark of :data:`CALIBRATION_ORDER`, the cost of its operation is (target - simulated
+    communication - the other operations' time) / its operations on the slowest rank,
+    iterated (communication shifts a little with the computation) until the simulated time
+    is within ``tolerance`` of the target.
+
+    ``targets`` default to paper 003 Table 1's 2-node column
+    (:data:`~stacklib.transports.sim.machines.CALIBRATION_POINTS`) at the papers' sizes;
+    with ``sizes`` (benchmark -> size arguments) give targets for those sizes.  ``start``
+    defaults to the costs in machines.py.  After a change in the communication model this
+    refreshes the constants in one call (a few minutes of wall time at the papers' sizes).
+    """
+    if network not in CALIBRATED_HOSTS:
+        raise ValueError(f"calibrate: network must be one of {sorted(CALIBRATED_HOSTS)}")
+    cluster, host = CALIBRATED_HOSTS[network]
+    goals = dict(CALIBRATION_POINTS[network] if targets is None else targets)
+    costs = start or HOST_CPUS[host]
+    for benchmark, op in CALIBRATION_ORDER:
+        if benchmark not in goals:
+            continue
+        target = goals[benchmark]
+        tried: list[tuple[float, float]] = []  # (cost, simulated time)
+        for _ in range(iterations):
+            machine = attrs.evolve(MACHINES[cluster], costs={host: costs})
+            program = make_program(benchmark, (sizes or {}).get(benchmark), machine=machine)
+            run = run_spmd(program, 2, cluster)
+            if not all(r.ok for r in run.results):
+                raise RuntimeError(f"calibrate: {benchmark} gave a wrong result")
+            slowest: RankResult = max(run.results, key=lambda r: r.total)
+            count = slowest.ops.get(op, 0.0)
+            if count <= 0:
+                raise RuntimeError(f"calibrate: {benchmark} charges no {op!r} operations")
+            cost = getattr(costs, f"{op}_us")
+            if progress is not None:
+                progress(f"{benchmark}: {slowest.total:.4f} s, target {target} s ({op} {cost} us)")
+            if abs(slowest.total - target) <= tolerance * target:
+                break
+            tried.append((cost, slowest.total))
+            # (target - communication - the other operations' time) / operations ...
+            left = target - slowest.comm - (slowest.compute - count * cost * 1e-6)
+            value = left / count * 1e6
+            if len(tried) >= 2:
+                # ... then the secant: communication that overlaps the computation shrinks
+                # as it grows, so the time moves by less than operations x cost.
+                (c0, t0), (c1, t1) = tried[-2:]
+                if t1 != t0 and (t1 - t0) / (c1 - c0) > 0:
+                    value = c1 + (target - t1) * (c1 - c0) / (t1 - t0)
+            if value <= 0:
+                raise RuntimeError(
+                    f"calibrate: {benchmark} takes more than {target} s without any {op!r}"
+                )
+            costs = attrs.evolve(costs, **{f"{op}_us": value})
+            if op == "key":  # no paper figure for an edge: taken equal to a key
+                costs = attrs.evolve(costs, edge_us=value)
+    points = ", ".join(f"{b} {goals[b]} s" for b, _ in CALIBRATION_ORDER if b in goals)
+    return attrs.evolve(costs, cite=f"calibrated: {network} 2 nodes ({points})")
+
+
+@attrs.frozen
+class Extrapolation:
+    """A sort's time at ``keys`` per rank from runs at smaller sizes, on the line through
+    them: (slowest rank's total, mean computation) = intercept + slope x keys."""
+
+    keys: int
+    total: float
+    compute: float
+    #: (keys per rank, total, computation) of each run.
+    runs: tuple[tuple[int, float, float], ...]
+    #: The largest distance of a run from the fitted line, relative to its total.
+    residual: float
+
+
+def extrapolate(
+    benchmark: str,
+    machine_name: str,
+    nodes: int,
+    sizes: Sequence[int] = (4096, 8192, 16384),
+    keys: int = 512 * 1024,
+    progress: Callable[[str], None] | None = None,
+) -> Extrapolation:
+    """Run a sort (``rsortsm``: linear in the keys, a round trip per two keys) at ``sizes``
+    keys per rank on ``nodes`` ranks of ``machine_name`` and extrapolate to ``keys`` per rank
+    along the least-squares line (docs/splitc.md, "The small-message sorts")."""
+    if len(sizes) < 2:
+        raise ValueError("extrapolate: needs at least two sizes")
+    runs = []
+    machine = MACHINES[machine_name]
+    for size in sizes:
+        run = run_spmd(make_program(benchmark, (size,), machine=machine), nodes, machine_name)
+        if not all(r.ok for r in run.results):
+            raise RuntimeError(f"extrapolate: {benchmark} at {size} keys gave a wrong result")
+        total = max(r.total for r in run.results)
+        compute = sum(r.compute for r in run.results) / nodes
+        runs.append((size, total, compute))
+        if progress is not None:
+            progress(f"{benchmark} {machine_name} {nodes} nodes, {size} keys: {total:.4f} s")
+    x = np.array([r[0] for r in runs], float)
+    totals = np.polyfit(x, [r[1] for r in runs], 1)
+    computes = np.polyfit(x, [r[2] for r in runs], 1)
+    residual = max(abs(np.polyval(totals, size) - total) / total for size, total, _ in runs)
+    return Extrapolation(
+        keys,
+        float(np.polyval(totals, keys)),
+        float(np.polyval(computes, keys)),
+        tuple(runs),
+        float(residual),
+    )

@@ -19,7 +19,7 @@ the network bandwidth.  It is the memory transport with those costs in virtual t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 
@@ -41,6 +41,9 @@ from stacklib.unet.os_service import OSService
 from stacklib.wire.descriptor import SendDescriptor
 
 __all__ = [
+    "CALIBRATED_HOSTS",
+    "CALIBRATION_POINTS",
+    "HOST_CPUS",
     "MACHINES",
     "SMALL_BLOCK_BYTES",
     "CpuCosts",
@@ -89,24 +92,38 @@ SMALL_BLOCK_BYTES = 8 * 1024
 
 #: Calibrated against paper 003 Table 1's 2-node ATM column (SPARCstation-20s): mm 128x128
 #: for the multiply-add, mm 16x16 for the small-block one, rsortlg for a key, ssortlg for a
-#: comparison (docs/splitc.md).
+#: comparison (docs/splitc.md); the values ``calibrate("atm")`` in
+#: stacklib/bench/splitc/programs.py gives, rounded.
 SS20 = CpuCosts(
     madd_us=0.1019,
-    key_us=0.7077,
+    key_us=0.7082,
     compare_us=0.0993,
-    edge_us=0.7077,  # no paper figure: taken equal to a key
-    madd_small_us=0.1181,
+    edge_us=0.7082,  # no paper figure: taken equal to a key
+    madd_small_us=0.1183,
     cite="calibrated: paper 003 Table 1, ATM 2 nodes (mm 128x128, mm 16x16, rsortlg, ssortlg)",
 )
 #: Calibrated against paper 003 Table 1's 2-node FE column (120 MHz Pentiums).
 P120 = CpuCosts(
     madd_us=0.2128,
-    key_us=0.7849,
-    compare_us=0.0903,
-    edge_us=0.7849,  # no paper figure: taken equal to a key
-    madd_small_us=0.1571,
+    key_us=0.7834,
+    compare_us=0.0916,
+    edge_us=0.7834,  # no paper figure: taken equal to a key
+    madd_small_us=0.1592,
     cite="calibrated: paper 003 Table 1, FE 2 nodes (mm 128x128, mm 16x16, rsortlg, ssortlg)",
 )
+
+#: The calibration points (seconds): paper 003 Table 1's 2-node columns, network -> benchmark
+#: -> time, each fixing one cost of the host in :data:`CALIBRATED_HOSTS`, in this order
+#: (``calibrate`` in stacklib.bench.splitc.programs re-derives them).
+CALIBRATION_POINTS: dict[str, dict[str, float]] = {
+    "atm": {"mm128": 56.59, "mm16": 1.26, "rsortlg": 4.73, "ssortlg": 2.03},
+    "fe": {"mm128": 117.00, "mm16": 1.67, "rsortlg": 5.35, "ssortlg": 2.06},
+}
+#: Network -> (cluster, calibrated host): the 2-node runs use the first two ranks.
+CALIBRATED_HOSTS: dict[str, tuple[str, str]] = {
+    "atm": ("atm-003", "ss20"),
+    "fe": ("fe-003", "p120"),
+}
 
 HOST_CPUS: dict[str, CpuCosts] = {
     "ss20": SS20,
@@ -209,10 +226,13 @@ class Machine:
     hosts: tuple[str, ...]
     cite: str
     network: NetworkModel | None = None
+    #: Host name -> costs that replace :data:`HOST_CPUS`' (trial costs while calibrating).
+    costs: Mapping[str, CpuCosts] = attrs.field(factory=dict)
 
     def cpu(self, rank: int) -> CpuCosts:
         """What computation costs on ``rank``'s host."""
-        return HOST_CPUS[self.hosts[rank % len(self.hosts)]]
+        host = self.hosts[rank % len(self.hosts)]
+        return self.costs.get(host) or HOST_CPUS[host]
 
 
 MACHINES: dict[str, Machine] = {
