@@ -425,15 +425,22 @@ def radix_sort(
                 await work("key", n, place)
             elif blocking:
                 views = (f"{target}.pairs0", f"{target}.pairs1")
+                # Python lists, and the 8-byte pairs starting at every even and every odd
+                # index as numpy scalars, made once per pass: this loop runs once per message.
+                dests, offs, singles = dest.tolist(), off.tolist(), list(ordered)
+                pairs = (
+                    list(ordered[: n - n % 2].view(np.uint64)),
+                    list(ordered[1 : n - (n - 1) % 2].view(np.uint64)),
+                )
                 i = 0
                 while i < n:
-                    d, o = int(dest[i]), int(off[i])
-                    if i + 1 < n and dest[i + 1] == d and off[i + 1] == o + 1:
-                        value = ordered[i : i + 2].view(np.uint64)[0]
+                    d, o = dests[i], offs[i]
+                    if i + 1 < n and dests[i + 1] == d and offs[i + 1] == o + 1:
+                        value = pairs[i % 2][i // 2]
                         await sc.write(sc.ptr(d, views[o % 2], o // 2), value)
                         i += 2
                     else:
-                        await sc.write(sc.ptr(d, target, o), ordered[i])
+                        await sc.write(sc.ptr(d, target, o), singles[i])
                         i += 1
                 await sc.barrier()  # every write into this rank has completed
             else:
