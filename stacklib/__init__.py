@@ -8,3 +8,12 @@ virtual time or real), protocol layers (:mod:`stacklib.layers`) and recipes that
 from __future__ import annotations
 
 __version__ = "0.1.0"
+
+import os as _os
+
+#: The directory of the compiled copy this process runs (stacklib/compiled.py), or None.
+COMPILED: str | None = None
+if _os.environ.get("STACKLIB_COMPILED", "") not in ("", "0"):
+    from stacklib.compiled import _activate
+
+    COMPILED = _activate(__path__)

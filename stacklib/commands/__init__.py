@@ -12,4 +12,5 @@ MODULES: tuple[str, ...] = (
     "stacklib.commands.splitc",
     "stacklib.commands.myrinet",
     "stacklib.commands.mm",
+    "stacklib.commands.compile",
 )

@@ -266,10 +266,15 @@ def cmd_table1(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
+    print(experiment.engine_line(args.pure), file=sys.stderr, flush=True)
     started = time.perf_counter()
     try:
         results = experiment.run_cells(
-            cells, jobs, lambda line: print(line, file=sys.stderr, flush=True), live=True
+            cells,
+            jobs,
+            lambda line: print(line, file=sys.stderr, flush=True),
+            live=True,
+            pure=args.pure,
         )
     except RuntimeError as error:
         print(f"stacklib splitc: {error}", file=sys.stderr)
@@ -448,6 +453,11 @@ def add_commands(commands: argparse._SubParsersAction[Any]) -> None:
         "--network", type=_names, default=("atm", "fe"), metavar="NET,...", help="atm,fe"
     )
     table.add_argument("--jobs", type=int, help="processes (default: one per CPU)")
+    table.add_argument(
+        "--pure",
+        action="store_true",
+        help="never the compiled hot path of `stacklib compile`, even where there is one",
+    )
     table.add_argument("--json", action="store_true", help="the results as JSON on stdout")
     table.set_defaults(func=cmd_table1)
     listing = sub.add_parser("list", help="the benchmarks, machines and transports")

@@ -33,12 +33,13 @@ docs/splitc.md has the results and how each number was obtained.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import multiprocessing
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing.context import BaseContext
 from pathlib import Path
@@ -48,6 +49,8 @@ import attrs
 import numpy as np
 import trio
 
+import stacklib
+from stacklib import compiled
 from stacklib.bench.splitc.cluster import run_spmd
 from stacklib.bench.splitc.programs import PAPER_SIZES, make_program
 from stacklib.layers.splitc import SplitC
@@ -66,6 +69,7 @@ __all__ = [
     "CellResult",
     "cell_line",
     "draw",
+    "engine_line",
     "expected_cost",
     "fig5",
     "fig5_cells",
@@ -386,16 +390,53 @@ class _Display:
             self.bar.stop()
 
 
-def _context() -> BaseContext:
+def _context(compiled_copy: bool = False) -> BaseContext:
     """Fresh worker processes (never a fork of this one, whose trio and threads a fork would
     copy): from a fork server that has imported the simulator once, where there is one
     (about 0.1 s per pool after the first, against some 2 s for two spawned workers that each
-    import it), else spawned."""
-    if "forkserver" in multiprocessing.get_all_start_methods():
+    import it), else spawned.  Workers that run the compiled copy are always spawned: they
+    must start with ``$STACKLIB_COMPILED`` set, which a fork server started earlier lacks."""
+    if not compiled_copy and "forkserver" in multiprocessing.get_all_start_methods():
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload([__name__])
         return context
     return multiprocessing.get_context("spawn")
+
+
+def _worker_environment(pure: bool) -> Mapping[str, str] | None:
+    """What workers need to run the compiled copy (None: this process, or pure modules)."""
+    return None if pure or stacklib.COMPILED else compiled.worker_environment()
+
+
+def engine_line(pure: bool = False) -> str:
+    """Which modules :func:`run_cells` will simulate with, for the user."""
+    environment = _worker_environment(pure)
+    if stacklib.COMPILED:
+        return f"simulating with the compiled hot path in {stacklib.COMPILED}"
+    if environment is not None:
+        return (
+            "simulating with the compiled hot path in "
+            f"{environment[compiled.ENVIRONMENT]} (stacklib compile)"
+        )
+    return (
+        "simulating with the pure Python modules (`stacklib compile`, with mypyc, makes "
+        "the simulation about 1.4x faster)"
+    )
+
+
+@contextlib.contextmanager
+def _environment(extra: Mapping[str, str] | None) -> Iterator[None]:
+    """``os.environ`` with ``extra`` while the block runs (spawned workers inherit it)."""
+    saved = {name: os.environ.get(name) for name in extra or {}}
+    os.environ.update(extra or {})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def run_cells(
@@ -405,27 +446,36 @@ def run_cells(
     *,
     live: bool = False,
     clock: Callable[[], float] = time.perf_counter,
+    pure: bool = False,
 ) -> list[CellResult]:
     """Simulate ``cells`` (in the order given back) on ``jobs`` processes (None: one per
     CPU; 1: in this process), the longest expected first so that every process stays busy
     to the end.  ``progress`` gets a line per finished cell (:func:`cell_line`); with
     ``live``, on a terminal and with ``rich`` installed, the lines go to stderr above a live
-    progress bar instead.  ``clock`` times the progress lines only."""
+    progress bar instead.  ``clock`` times the progress lines only.
+
+    When ``stacklib compile`` has built a compiled copy of these sources
+    (stacklib/compiled.py) and ``pure`` is False, every cell runs in a worker process that
+    uses it (with ``jobs=1`` too): the same numbers, sooner."""
     if jobs is None:
         jobs = os.cpu_count() or 1
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
+    environment = _worker_environment(pure)
     display = _Display(cells, progress, live, clock)
     results: dict[int, CellResult] = {}
     order = sorted(range(len(cells)), key=lambda i: -expected_cost(cells[i]))
     try:
-        if jobs == 1 or len(cells) <= 1:
+        if environment is None and (jobs == 1 or len(cells) <= 1):
             for i in order:
                 results[i] = run_cell(cells[i])
                 display.finished(results[i])
         else:
             workers = min(jobs, len(cells))
-            with ProcessPoolExecutor(workers, mp_context=_context()) as pool:
+            with (
+                _environment(environment),
+                ProcessPoolExecutor(workers, mp_context=_context(environment is not None)) as pool,
+            ):
                 futures = {pool.submit(run_cell, cells[i]): i for i in order}
                 try:
                     for future in as_completed(futures):
@@ -638,6 +688,7 @@ def run_experiment(full: bool = False, jobs: int | None = None) -> list[Figure]:
             f"{workers} processes, longest expected first (the 1996 clusters took "
             f"{CLUSTERS_SECONDS:.1f} s); paper 000 Fig 5 at {_sizes(FIG5_SIZES)} per rank"
         )
+        _progress(engine_line())
         suite_started = time.perf_counter()
         runs = run_cells(suite(benchmarks), jobs, _progress, live=True)
         _progress(

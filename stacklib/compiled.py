@@ -1,0 +1,188 @@
+"""An optional compiled copy of the simulator's hot path, for long simulations.
+
+A simulated UAM message is some 130 Python calls through the simulator's heap, the resources,
+the NI's rings and descriptors, UAM's protocol machine and Split-C's wire format
+(docs/performance.md, "Split-C in virtual time").  ``stacklib compile`` copies the package's
+sources into a cache directory named after their hash and compiles :data:`HOT_MODULES` there
+with mypyc (part of mypy: ``pip install 'stacklib[fast]'``; it needs a C compiler).  The
+modules are the same source, unchanged: only how they run differs.
+
+A process started with ``STACKLIB_COMPILED=1`` (or ``=DIR``, a copy's directory) imports
+stacklib's subpackages from the copy, but only from a copy built from exactly the sources
+installed (the hash of every ``.py`` file): after any edit it warns and runs the pure modules
+until ``stacklib compile`` is run again.  ``stacklib splitc table1`` and ``stacklib reproduce
+--full`` start their worker processes this way when a copy exists (``--pure``: never).
+
+What differs in compiled modules: a function called with an argument of the wrong type raises
+``TypeError`` at once (the pure code raises its documented error a little later), and
+monkeypatching a module's globals does not reach its compiled functions.  The simulated
+numbers are the same (tests/test_compiled.py runs a simulation both ways).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+from collections.abc import Callable, MutableSequence
+from pathlib import Path
+
+__all__ = [
+    "HOT_MODULES",
+    "available",
+    "build",
+    "cache_root",
+    "remove",
+    "source_hash",
+    "worker_environment",
+]
+
+#: Compiled, relative to the package: the modules every simulated message passes through that
+#: mypyc accepts as they are (the NI models' attrs parameter classes, the fabric's link types
+#: and the drivers' async context managers are not yet in this form).
+HOT_MODULES: tuple[str, ...] = (
+    "sim/pipeline.py",
+    "sim/resources.py",
+    "sim/world.py",
+    "sim/clock.py",
+    "unet/ring.py",
+    "wire/descriptor.py",
+    "layers/uam/machine.py",
+    "layers/splitc/wire.py",
+)
+ENVIRONMENT = "STACKLIB_COMPILED"
+_HASH_FILE = "SOURCE_HASH"
+
+
+def package_dir() -> Path:
+    """The directory of the stacklib package being run."""
+    return Path(__file__).resolve().parent
+
+
+def source_hash(root: Path | None = None) -> str:
+    """SHA-256 over the relative path and bytes of every ``.py`` file of the package."""
+    base = root or package_dir()
+    digest = hashlib.sha256()
+    for path in sorted(base.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        digest.update(path.relative_to(base).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def cache_root() -> Path:
+    """Where compiled copies live: ``$STACKLIB_CACHE/compiled``, else
+    ``~/.cache/stacklib/compiled``."""
+    base = os.environ.get("STACKLIB_CACHE")
+    return (Path(base) if base else Path.home() / ".cache" / "stacklib") / "compiled"
+
+
+def _complete(copy: Path, digest: str) -> bool:
+    hash_file = copy / _HASH_FILE
+    if not hash_file.is_file() or hash_file.read_text().strip() != digest:
+        return False
+    for module in HOT_MODULES:
+        source = copy / "stacklib" / module
+        if not any(source.parent.glob(f"{source.stem}.*.so")):
+            return False
+    return True
+
+
+def available() -> Path | None:
+    """The compiled copy of the sources installed, or None."""
+    digest = source_hash()
+    copy = cache_root() / digest
+    return copy if _complete(copy, digest) else None
+
+
+def build(progress: Callable[[str], None] | None = None) -> Path:
+    """Compile :data:`HOT_MODULES` in a copy of the package (or return the existing copy);
+    ``RuntimeError`` names what is missing when mypyc or the compiler is not there."""
+    existing = available()
+    if existing is not None:
+        return existing
+    try:
+        import mypyc  # noqa: F401
+    except ImportError:
+        raise RuntimeError(
+            "stacklib compile needs mypyc, which comes with mypy: pip install 'stacklib[fast]'"
+        ) from None
+    digest = source_hash()
+    root = cache_root()
+    work = root / f"{digest}.building-{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(
+        package_dir(), work / "stacklib", ignore=shutil.ignore_patterns("__pycache__", "*.so")
+    )
+    recipes = package_dir().parent / "recipes"
+    if recipes.is_dir():  # the bundled recipes sit next to the package (recipes.py)
+        shutil.copytree(recipes, work / "recipes")
+    # mypyc type-checks what it compiles: the untyped libraries are taken as Any, as in the
+    # project's own mypy settings (pyproject.toml).
+    (work / "mypy.ini").write_text(
+        "[mypy]\n"
+        + "".join(
+            f"[mypy-{name}.*]\nignore_missing_imports = True\n"
+            for name in ("construct", "crcmod", "hypothesis", "matplotlib")
+        )
+    )
+    if progress is not None:
+        progress(f"compiling {len(HOT_MODULES)} modules with mypyc in {work} ...")
+    command = [sys.executable, "-m", "mypyc", *(f"stacklib/{m}" for m in HOT_MODULES)]
+    result = subprocess.run(command, cwd=work, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        shutil.rmtree(work, ignore_errors=True)
+        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
+        raise RuntimeError(f"mypyc failed (exit {result.returncode}):\n{tail}")
+    shutil.rmtree(work / "build", ignore_errors=True)
+    (work / _HASH_FILE).write_text(digest + "\n")
+    final = root / digest
+    try:
+        work.rename(final)
+    except OSError:  # another build finished first: keep it
+        shutil.rmtree(work, ignore_errors=True)
+    if not _complete(final, digest):
+        raise RuntimeError(f"the compiled copy in {final} is incomplete")
+    return final
+
+
+def remove() -> list[Path]:
+    """Delete every compiled copy; returns what was removed."""
+    root = cache_root()
+    removed = sorted(root.iterdir()) if root.is_dir() else []
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    return removed
+
+
+def worker_environment() -> dict[str, str] | None:
+    """What a worker process's environment needs to run the compiled copy (None: none)."""
+    copy = available()
+    return {ENVIRONMENT: str(copy)} if copy is not None else None
+
+
+def _activate(package_path: MutableSequence[str]) -> str | None:
+    """Called by ``stacklib/__init__.py`` before any subpackage is imported: put the compiled
+    copy first on the package's search path if ``$STACKLIB_COMPILED`` asks for one and it
+    matches the sources; returns its directory, or None."""
+    wanted = os.environ.get(ENVIRONMENT, "")
+    if wanted in ("", "0"):
+        return None
+    copy = available() if wanted == "1" else Path(wanted)
+    if copy is None or not _complete(copy, source_hash()):
+        warnings.warn(
+            f"{ENVIRONMENT}={wanted}: no compiled copy of these sources (run `stacklib "
+            "compile` after changing them); running the pure modules",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
+    package_path.insert(0, str(copy / "stacklib"))
+    # mypyc's shared runtime module sits at the top of the copy: importable, behind
+    # everything else (nothing else in the copy is found there first).
+    sys.path.append(str(copy))
+    return str(copy)

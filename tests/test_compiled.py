@@ -1,0 +1,112 @@
+"""The optional compiled copy of the simulator's hot path (stacklib/compiled.py): built from
+the sources, used only when it matches them, and giving the pure modules' numbers."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stacklib import compiled
+from stacklib.cli import main
+
+# A small simulation whose numbers depend on every compiled module: Split-C writes and a
+# radix sort of small messages over UAM on the simulated ATM cluster.
+PROGRAM = """
+import json, stacklib
+from stacklib.bench.splitc.cluster import run_spmd
+from stacklib.bench.splitc.programs import make_program
+from stacklib.transports.sim.machines import MACHINES
+import stacklib.sim.world as world
+run = run_spmd(make_program("rsortsm", (256,), machine=MACHINES["atm-003"]), 4, "atm-003")
+print(json.dumps({
+    "times": [r.total for r in run.results],
+    "ok": [r.ok for r in run.results],
+    "world": world.__file__,
+    "compiled": stacklib.COMPILED,
+}))
+"""
+
+
+def run_program(environment: dict[str, str]) -> dict[str, object]:
+    result = subprocess.run(
+        [sys.executable, "-c", PROGRAM],
+        env={**os.environ, **environment},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    answer: dict[str, object] = json.loads(result.stdout)
+    return answer
+
+
+def test_the_source_hash_follows_every_python_file(tmp_path: Path) -> None:
+    package = tmp_path / "package"
+    (package / "sub").mkdir(parents=True)
+    (package / "a.py").write_text("x = 1\n")
+    (package / "sub" / "b.py").write_text("y = 2\n")
+    (package / "notes.txt").write_text("not code\n")
+    first = compiled.source_hash(package)
+    assert compiled.source_hash(package) == first
+    (package / "notes.txt").write_text("still not code\n")
+    assert compiled.source_hash(package) == first
+    (package / "sub" / "b.py").write_text("y = 3\n")
+    assert compiled.source_hash(package) != first
+
+
+def test_a_copy_that_does_not_match_the_sources_is_not_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STACKLIB_CACHE", str(tmp_path))
+    assert compiled.available() is None
+    stale = tmp_path / "stale"
+    (stale / "stacklib").mkdir(parents=True)
+    (stale / "SOURCE_HASH").write_text("0" * 64 + "\n")
+    monkeypatch.setenv(compiled.ENVIRONMENT, str(stale))
+    path: list[str] = []
+    with pytest.warns(RuntimeWarning, match="no compiled copy of these sources"):
+        assert compiled._activate(path) is None
+    assert path == []
+    monkeypatch.setenv(compiled.ENVIRONMENT, "0")
+    assert compiled._activate(path) is None
+
+
+def test_compile_path_says_when_there_is_no_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("STACKLIB_CACHE", str(tmp_path))
+    assert main(["compile", "--path"]) == 1
+    assert "no compiled copy" in capsys.readouterr().err
+    assert main(["compile", "--clean"]) == 0
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("mypyc") is None, reason="mypyc (stacklib[fast]) is not installed"
+)
+@pytest.mark.skipif(
+    shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler"
+)
+def test_the_compiled_copy_gives_the_pure_modules_numbers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STACKLIB_CACHE", str(tmp_path))
+    copy = compiled.build()
+    assert compiled.available() == copy
+    assert compiled.build() == copy  # built once
+    for module in compiled.HOT_MODULES:
+        source = copy / "stacklib" / module
+        assert list(source.parent.glob(f"{source.stem}.*.so")), module
+    pure = run_program({"STACKLIB_CACHE": str(tmp_path), compiled.ENVIRONMENT: "0"})
+    fast = run_program({"STACKLIB_CACHE": str(tmp_path), compiled.ENVIRONMENT: "1"})
+    assert str(pure["world"]).endswith(".py") and pure["compiled"] is None
+    assert str(fast["world"]).endswith(".so") and fast["compiled"] == str(copy)
+    assert fast["ok"] == pure["ok"] == [True] * 4
+    assert fast["times"] == pure["times"]  # the same simulation, to the last digit
+    assert compiled.remove() == [copy]
+    assert compiled.available() is None
