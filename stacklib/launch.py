@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 
 from stacklib.errors import StacklibError
-from stacklib.unet.endpoint import Endpoint
+from stacklib.unet.endpoint import Endpoint, EndpointConfig
 from stacklib.unet.node import Node
 
 __all__ = [
@@ -128,14 +128,20 @@ class Rank:
         self.close()
 
 
-def bootstrap(env: Mapping[str, str] | None = None, *, timeout: float = 30.0) -> Rank:
+def bootstrap(
+    env: Mapping[str, str] | None = None,
+    *,
+    timeout: float = 30.0,
+    config: EndpointConfig | None = None,
+) -> Rank:
     """Read rank and size from the environment and connect to every other rank.
 
     shm: a :class:`~stacklib.transports.shm.ShmNetwork` on the rendezvous directory, node
     ``rankR``, endpoint port 1, one channel to each ``rankS:1`` (a channel may be opened before
     its peer exists).  udp: a :class:`~stacklib.transports.udp.UdpNetwork` node whose address
     is published in the rendezvous directory (or fixed by a ``static:`` list); returns once
-    every rank has published, so every rank's socket is bound.
+    every rank has published, so every rank's socket is bound.  ``config`` sizes the endpoint
+    (default: :class:`~stacklib.unet.EndpointConfig`'s defaults).
     """
     env = os.environ if env is None else env
     rank, size, launcher = rank_from_environment(env)
@@ -145,18 +151,20 @@ def bootstrap(env: Mapping[str, str] | None = None, *, timeout: float = 30.0) ->
     default = "shm" if launcher == "stacklib spawn" else "udp"
     transport = env.get("STACKLIB_TRANSPORT", default)
     if transport == "shm":
-        return _bootstrap_shm(rank, size, rendezvous)
+        return _bootstrap_shm(rank, size, rendezvous, config)
     if transport == "udp":
-        return _bootstrap_udp(rank, size, rendezvous, env.get("STACKLIB_HOST"), timeout)
+        return _bootstrap_udp(rank, size, rendezvous, env.get("STACKLIB_HOST"), timeout, config)
     if transport == "ether":
         interface = env.get("STACKLIB_INTERFACE")
         if not interface:
             raise LaunchError("STACKLIB_TRANSPORT=ether needs STACKLIB_INTERFACE")
-        return _bootstrap_ether(rank, size, rendezvous, interface, timeout)
+        return _bootstrap_ether(rank, size, rendezvous, interface, timeout, config)
     raise LaunchError(f"STACKLIB_TRANSPORT={transport!r}: bootstrap knows shm, udp and ether")
 
 
-def _bootstrap_shm(rank: int, size: int, directory: str) -> Rank:
+def _bootstrap_shm(
+    rank: int, size: int, directory: str, config: EndpointConfig | None = None
+) -> Rank:
     from stacklib.transports.shm import ShmAddress, ShmNetwork
 
     if not os.path.isdir(directory):
@@ -164,7 +172,7 @@ def _bootstrap_shm(rank: int, size: int, directory: str) -> Rank:
     network = ShmNetwork(directory=directory)
     try:
         node = network.add_node(f"rank{rank}")
-        endpoint = node.os.create_endpoint(node.os.process(f"rank{rank}"), port=PORT)
+        endpoint = node.os.create_endpoint(node.os.process(f"rank{rank}"), config, port=PORT)
         channels = {
             other: node.os.create_channel(
                 endpoint.owner, endpoint, ShmAddress(f"rank{other}", PORT)
@@ -195,7 +203,14 @@ def _static_addresses(spec: str, size: int) -> list[tuple[str, int]]:
     return addresses
 
 
-def _bootstrap_udp(rank: int, size: int, rendezvous: str, host: str | None, timeout: float) -> Rank:
+def _bootstrap_udp(
+    rank: int,
+    size: int,
+    rendezvous: str,
+    host: str | None,
+    timeout: float,
+    config: EndpointConfig | None = None,
+) -> Rank:
     from stacklib.transports.udp import UdpAddress, UdpNetwork
 
     static = rendezvous.startswith("static:")
@@ -209,7 +224,7 @@ def _bootstrap_udp(rank: int, size: int, rendezvous: str, host: str | None, time
     network = UdpNetwork(host=host)
     try:
         node = network.add_node(f"rank{rank}", udp_port=udp_port)
-        endpoint = node.os.create_endpoint(node.os.process(f"rank{rank}"), port=PORT)
+        endpoint = node.os.create_endpoint(node.os.process(f"rank{rank}"), config, port=PORT)
         if addresses is None:
             address = endpoint.address
             assert isinstance(address, UdpAddress)
@@ -228,7 +243,14 @@ def _bootstrap_udp(rank: int, size: int, rendezvous: str, host: str | None, time
     return Rank(rank, size, "udp", network, node, endpoint, channels)
 
 
-def _bootstrap_ether(rank: int, size: int, rendezvous: str, interface: str, timeout: float) -> Rank:
+def _bootstrap_ether(
+    rank: int,
+    size: int,
+    rendezvous: str,
+    interface: str,
+    timeout: float,
+    config: EndpointConfig | None = None,
+) -> Rank:
     """One node per interface (the ether transport's rule): each rank names its own interface
     and publishes its MAC address and port in the rendezvous directory."""
     from stacklib.transports.ether import EtherAddress, EtherNetwork
@@ -238,7 +260,7 @@ def _bootstrap_ether(rank: int, size: int, rendezvous: str, interface: str, time
     network = EtherNetwork(interface)
     try:
         node = network.add_node(f"rank{rank}")
-        endpoint = node.os.create_endpoint(node.os.process(f"rank{rank}"), port=PORT)
+        endpoint = node.os.create_endpoint(node.os.process(f"rank{rank}"), config, port=PORT)
         address = endpoint.address
         assert isinstance(address, EtherAddress)
         publish(rendezvous, rank, f"{address.mac}/{address.port}")

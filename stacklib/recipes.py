@@ -36,6 +36,12 @@ a string value (or table key) in ``[[layers]]`` may contain ``{node}`` (the node
 parameters have ``address`` and ``peers`` (IP over U-Net) and that leaves ``peers`` out of the
 recipe gets it filled per node from the channel table: every other node's ``address`` -> the
 channel that reaches it.
+
+Workloads that need a number of nodes of the recipe's choosing (Split-C's SPMD programs,
+``kind = "splitc"``, stacklib/bench/splitc/workload.py) carry it as an integer ``nodes``
+parameter: when the workload's parameters have one, the recipe builds that many nodes,
+connects every pair and expands per-node layer parameters for each (:func:`workload_nodes`);
+otherwise the registered kind's fixed ``nodes`` applies.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from typing import Any, Literal
 import attrs
 import trio
 
+import stacklib.bench.splitc.workload  # noqa: F401  (registers the splitc workload)
 from stacklib.bench import Result, Session, WorkloadKind, workload_kind
 from stacklib.config import structure
 from stacklib.errors import AssemblyError, ConfigError
@@ -196,6 +203,15 @@ def _wants_peers(cls: type[Layer], params: Mapping[str, object]) -> bool:
     return {"address", "peers"} <= names and "peers" not in params
 
 
+def workload_nodes(workload: WorkloadKind, params: object) -> int:
+    """How many nodes ``workload`` runs on with ``params``: their integer ``nodes`` if they
+    have one, else the kind's fixed number."""
+    nodes = getattr(params, "nodes", None)
+    if isinstance(nodes, int) and not isinstance(nodes, bool):
+        return nodes
+    return workload.nodes
+
+
 def find_recipe(name_or_path: str | os.PathLike[str]) -> Path:
     """The file of a recipe given by path or by name (``unet-memory-pingpong``)."""
     path = Path(name_or_path)
@@ -290,7 +306,8 @@ def parse_recipe(data: Mapping[str, object], where: str, path: Path | None = Non
     except KeyError as error:
         raise ConfigError(where, "workload.kind", str(error.args[0])) from None
     workload_params = structure(workload.Params, params, where, "workload")
-    node_params, auto_peers = _per_node(layers, raw_params, workload.nodes, where)
+    nodes = workload_nodes(workload, workload_params)
+    node_params, auto_peers = _per_node(layers, raw_params, nodes, where)
 
     layer_objects = [cls(p) for cls, p in layers]
     try:
@@ -370,7 +387,7 @@ def list_recipes() -> list[tuple[str, str, Path]]:
 
 
 async def _run(recipe: Recipe, world: World, params: Any, pcap: str | None = None) -> Result:
-    names = [f"node{i}" for i in range(recipe.workload.nodes)]
+    names = [f"node{i}" for i in range(workload_nodes(recipe.workload, params))]
     network = recipe.transport.build(world, recipe.transport_params, names, recipe.profile)
     capture = None
     if pcap is not None:

@@ -49,6 +49,18 @@ def _print(benchmark: str, transport: str, n: int, rows: list[tuple[bool, float,
     return 0 if ok else 1
 
 
+def _counters(table: list[list[Any]]) -> int:
+    """Print what UAM went through (the rank's JSON rows carry [sent, retransmitted, timeouts,
+    dropped] after the result, stacklib.bench.splitc.rank); returns 0."""
+    if all(len(row) >= 7 for row in table):
+        sent, resent, timeouts, dropped = (sum(int(row[i]) for row in table) for i in range(3, 7))
+        print(
+            f"(UAM: {sent} PDUs sent, {resent} retransmitted after {timeouts} timeouts; "
+            f"{dropped} arrivals dropped by the endpoints)"
+        )
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from stacklib.bench.splitc.cluster import run_spmd
     from stacklib.bench.splitc.programs import make_program
@@ -98,8 +110,9 @@ def _run_real(args: argparse.Namespace) -> int:
     if not lines:
         print(f"stacklib splitc: the ranks exited with status {status}", file=sys.stderr)
         return status or 1
-    rows = [(bool(r[0]), float(r[1]), float(r[2])) for r in json.loads(lines[-1])]
-    return _print(args.benchmark, args.transport, args.n, rows) or status
+    table = json.loads(lines[-1])
+    rows = [(bool(r[0]), float(r[1]), float(r[2])) for r in table]
+    return _print(args.benchmark, args.transport, args.n, rows) or _counters(table) or status
 
 
 #: Prefix of the namespaces ``--netns`` makes (stacklib.netns.remove_stale cleans up after a
@@ -128,7 +141,7 @@ def _bridged_namespaces(stack: contextlib.ExitStack, n: int) -> tuple[list[str],
     return spaces, addresses
 
 
-def _run_netns(args: argparse.Namespace, rank_args: list[str], timeout: float = 120.0) -> int:
+def _run_netns(args: argparse.Namespace, rank_args: list[str]) -> int:
     """Run the ranks over udp, each in its own network namespace; namespaces, rendezvous
     directory and ranks are gone when this returns, also on failure."""
     from stacklib.netns import NetnsError, capability_problem, netns_argv
@@ -170,14 +183,15 @@ def _run_netns(args: argparse.Namespace, rank_args: list[str], timeout: float = 
                     stdout=out if rank == 0 else subprocess.DEVNULL,
                 )
             )
-        status = _wait_all(ranks, timeout)
+        status = _wait_all(ranks, args.timeout)
         out.seek(0)
         lines = [line for line in out.read().splitlines() if line.startswith("[")]
     if not lines:
         print(f"stacklib splitc: the ranks exited with status {status}", file=sys.stderr)
         return status or 1
-    rows = [(bool(r[0]), float(r[1]), float(r[2])) for r in json.loads(lines[-1])]
-    return _print(args.benchmark, "udp (netns)", args.n, rows) or status
+    table = json.loads(lines[-1])
+    rows = [(bool(r[0]), float(r[1]), float(r[2])) for r in table]
+    return _print(args.benchmark, "udp (netns)", args.n, rows) or _counters(table) or status
 
 
 def _wait_all(ranks: list[subprocess.Popen[bytes]], timeout: float) -> int:
@@ -421,6 +435,13 @@ def add_commands(commands: argparse._SubParsersAction[Any]) -> None:
         "--netns",
         action="store_true",
         help="udp: each rank in its own network namespace, joined by a bridge (needs root)",
+    )
+    run.add_argument(
+        "--timeout",
+        type=float,
+        default=1800.0,
+        help="--netns: seconds before the ranks are stopped (default 1800; 8 ranks of the "
+        "paper-size sorts on 2 cores take minutes)",
     )
     run.set_defaults(func=cmd_run)
     table = sub.add_parser(

@@ -1,0 +1,109 @@
+"""The ``splitc`` recipe workload: the shipped recipes run verified, a recipe gives the same
+times as run_spmd on the same machine, and bad parameters are ConfigErrors naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import pytest
+
+from stacklib.bench.splitc.cluster import run_spmd
+from stacklib.bench.splitc.programs import make_program
+from stacklib.bench.splitc.workload import SplitcWorkloadParams
+from stacklib.errors import ConfigError
+from stacklib.recipes import load_recipe, parse_recipe, run_recipe, workload_nodes
+from stacklib.transports.sim.machines import MACHINES
+
+REPO_RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+SPLITC_RECIPES = sorted(REPO_RECIPES.glob("splitc-*.toml"))
+
+
+def test_the_three_recipes_are_shipped() -> None:
+    names = {path.stem for path in SPLITC_RECIPES}
+    assert {"splitc-atm", "splitc-fe", "splitc-memory"} <= names
+
+
+@pytest.mark.parametrize("path", SPLITC_RECIPES, ids=lambda p: p.stem)
+def test_recipe_runs_verified_at_test_sizes(path: Path) -> None:
+    recipe = load_recipe(path)
+    params = attrs.evolve(recipe.workload_params, sizes=(), small=True)
+    result = run_recipe(recipe, workload_params=params)
+    assert result.facts["verified"] == "yes"
+    assert [row["rank"] for row in result.rows] == list(range(params.nodes))
+    assert all(row["verified"] == "yes" for row in result.rows)
+    total = result.facts["total_s"]
+    assert isinstance(total, float) and total > 0
+    assert result.facts["computation_s"] <= total  # type: ignore[operator]
+
+
+def test_recipe_gives_run_spmds_times_on_the_same_machine() -> None:
+    recipe = load_recipe(REPO_RECIPES / "splitc-atm.toml")
+    assert recipe.workload_params.machine == "atm-003"
+    params = attrs.evolve(recipe.workload_params, benchmark="ssortlg", sizes=(), small=True)
+    result = run_recipe(recipe, workload_params=params)
+    program = make_program("ssortlg", small=True, machine=MACHINES["atm-003"], seed=1)
+    run = run_spmd(program, params.nodes, "atm-003", seed=1)
+    assert [row["total_ms"] for row in result.rows] == [r.total * 1e3 for r in run.results]
+    assert [row["compute_ms"] for row in result.rows] == [r.compute * 1e3 for r in run.results]
+
+
+def test_fewer_nodes_than_the_recipe_builds_for() -> None:
+    recipe = load_recipe(REPO_RECIPES / "splitc-fe.toml")
+    params = attrs.evolve(recipe.workload_params, sizes=(), small=True, nodes=2)
+    assert workload_nodes(recipe.workload, params) == 2
+    result = run_recipe(recipe, workload_params=params)
+    assert len(result.rows) == 2 and result.facts["verified"] == "yes"
+
+
+def _splitc(**workload: object) -> dict[str, object]:
+    return {
+        "run": {"clock": "virtual"},
+        "transport": {"kind": "sim-atm"},
+        "layers": [{"kind": "uam"}],
+        "workload": {"kind": "splitc", "benchmark": "mm4x4", "small": True, **workload},
+    }
+
+
+@pytest.mark.parametrize(
+    ("workload", "key", "reason"),
+    [
+        ({"benchmark": "quicksort"}, "workload", "benchmark 'quicksort' is not"),
+        ({"benchmark": 3}, "workload.benchmark", "expected a string"),
+        ({"sizes": [4]}, "workload", "sizes: mm4x4 (mm) takes 2 size arguments"),
+        ({"sizes": [4, 0]}, "workload", "sizes must be positive"),
+        ({"sizes": "big"}, "workload.sizes", "expected a list"),
+        ({"nodes": 0}, "workload", "nodes"),
+        ({"nodes": 65}, "workload", "nodes"),
+        ({"nodes": 2.5}, "workload.nodes", "expected an integer"),
+        ({"machine": "cray-t3d"}, "workload", "machine 'cray-t3d' is not a machine"),
+        ({"ranks": 4}, "workload.ranks", "unknown key"),
+    ],
+)
+def test_bad_parameters_name_the_key(workload: dict[str, object], key: str, reason: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_recipe(_splitc(**workload), "bad.toml")
+    assert caught.value.key == key
+    assert reason in caught.value.reason
+
+
+def test_splitc_needs_uam_below_it() -> None:
+    data = _splitc()
+    data["layers"] = []  # raw U-Net is not a reliable service
+    with pytest.raises(ConfigError, match=r"workload\.kind: workload 'splitc' needs a 'reliable'"):
+        parse_recipe(data, "bad.toml")
+    data["layers"] = [{"kind": "arq"}]  # reliable, but not active messages
+    recipe = parse_recipe(data, "arq.toml")
+    with pytest.raises(ConfigError, match="layers: the splitc workload runs over UAM"):
+        run_recipe(recipe)
+
+
+def test_nodes_parameter_sets_the_node_count() -> None:
+    recipe = parse_recipe(_splitc(nodes=3), "three.toml")
+    assert isinstance(recipe.workload_params, SplitcWorkloadParams)
+    assert workload_nodes(recipe.workload, recipe.workload_params) == 3
+    assert len(recipe.node_params[0]) == 3
+    pingpong = parse_recipe(
+        {"transport": {"kind": "memory"}, "workload": {"kind": "pingpong"}}, "pp.toml"
+    )
+    assert workload_nodes(pingpong.workload, pingpong.workload_params) == 2
