@@ -805,10 +805,7 @@ class UamService(ReliableService):
             data = endpoint.read(descriptor)
             if descriptor.fragments:
                 endpoint.release(descriptor)
-        cost = self._cost(data) if self._cpu is not None else 0.0
-        recv_cost = self._recv_cost
-        if recv_cost is not None:
-            cost += recv_cost(len(data))
+        cost = self._event_cost(data, self._recv_cost)
         if cost > 0.0:
             assert self._host_cpu is not None
             self._host_cpu.hold(cost, self._received, descriptor.channel, data)
@@ -894,15 +891,20 @@ class UamService(ReliableService):
 
     def _send_event(self, peer: int, datagram: bytes) -> None:
         # Copy into a send buffer and post it (paper 000 §5.1.2), on the host CPU.
-        cost = self._cost(datagram) if self._cpu is not None else 0.0
-        send_cost = self._send_cost
-        if send_cost is not None:
-            cost += send_cost(len(datagram))
+        cost = self._event_cost(datagram, self._send_cost)
         if cost > 0.0:
             assert self._host_cpu is not None
             self._host_cpu.hold(cost, self._post, peer, datagram)
         else:
             self._post(peer, datagram)
+
+    def _event_cost(self, datagram: bytes, unet: Callable[[int], float] | None) -> float:
+        """Host CPU seconds of one PDU on the event path: UAM's work and copy (where the NI
+        models them) and U-Net's message-level send or receive (``unet``)."""
+        cost = self._cost(datagram) if self._cpu is not None else 0.0
+        if unet is not None:
+            cost += unet(len(datagram))
+        return cost
 
     def _post(self, peer: int, datagram: bytes) -> None:
         endpoint = self._events

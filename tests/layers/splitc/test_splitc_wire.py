@@ -4,6 +4,7 @@ construct."""
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 import attrs
 import pytest
@@ -194,28 +195,23 @@ def test_reply_words_are_build_replies(reply: Reply) -> None:
     assert reply_fields(build_reply(reply)) == attrs.astuple(reply, recurse=False)
 
 
-@given(st.lists(ANY_WORD, min_size=0, max_size=6))
-def test_request_fields_parse_or_raise_as_parse_request(words: list[object]) -> None:
+@pytest.mark.parametrize(
+    ("fields", "parse"), [(request_fields, parse_request), (reply_fields, parse_reply)]
+)
+@given(words=st.lists(ANY_WORD, min_size=0, max_size=6))
+def test_fields_parse_or_raise_as_the_codec_path(
+    fields: Callable[[list[object]], tuple[object, ...]],
+    parse: Callable[[list[object]], object],
+    words: list[object],
+) -> None:
     try:
-        expected = attrs.astuple(parse_request(words), recurse=False)  # type: ignore[arg-type]
+        expected = attrs.astuple(parse(words), recurse=False)
     except SplitcFormatError as error:
         with pytest.raises(SplitcFormatError) as raised:
-            request_fields(words)  # type: ignore[arg-type]
+            fields(words)
         assert raised.value.kind is error.kind
     else:
-        assert request_fields(words) == expected  # type: ignore[arg-type]
-
-
-@given(st.lists(ANY_WORD, min_size=0, max_size=6))
-def test_reply_fields_parse_or_raise_as_parse_reply(words: list[object]) -> None:
-    try:
-        expected = attrs.astuple(parse_reply(words), recurse=False)  # type: ignore[arg-type]
-    except SplitcFormatError as error:
-        with pytest.raises(SplitcFormatError) as raised:
-            reply_fields(words)  # type: ignore[arg-type]
-        assert raised.value.kind is error.kind
-    else:
-        assert reply_fields(words) == expected  # type: ignore[arg-type]
+        assert fields(words) == expected
 
 
 def test_request_words_reject_what_build_request_rejects() -> None:
