@@ -172,8 +172,9 @@ def _activate(package_path: MutableSequence[str]) -> str | None:
     wanted = os.environ.get(ENVIRONMENT, "")
     if wanted in ("", "0"):
         return None
-    copy = available() if wanted == "1" else Path(wanted)
-    if copy is None or not _complete(copy, source_hash()):
+    digest = source_hash()
+    copy = cache_root() / digest if wanted == "1" else Path(wanted)
+    if not _complete(copy, digest):
         warnings.warn(
             f"{ENVIRONMENT}={wanted}: no compiled copy of these sources (run `stacklib "
             "compile` after changing them); running the pure modules",

@@ -251,22 +251,20 @@ class Simulation(World):
     def _charge_inline(self, when: float) -> bool:
         """Move the clock to ``when`` for the calling task without parking it, if that is
         exactly what parking would do; True if it did (module docstring, "The inline charge")."""
-        counter = self._counter
-        if counter is None or counter.scheduled != self._solo or not self.inline_charges:
-            return False
-        heap = self._heap
-        clock = self.clock
         # This task is the only one trio runs in this pass and nothing else is runnable (no
         # task scheduled since the event that woke it alone); no heap event and no trio
         # deadline falls before ``when`` (an equal one would run first or in the same batch)
         # and no cancellation is pending.  Parked, the task would be woken by its own event,
         # alone, at ``when``, in the very next pass: moving the clock here is the same step
         # without the pass.
+        heap = self._heap
+        clock = self.clock
         if (heap and heap[0][0] <= when) or not clock._now <= when < _INF:
             return False
-        runner = clock._runner
-        if runner is None or runner.ki_pending or runner.deadlines.next_deadline() <= when:
+        if not self._alone_until(when):
             return False
+        counter = self._counter
+        assert counter is not None  # _alone_until checked it
         task = _current_task()
         if task._cancel_status.effectively_cancelled:
             return False
@@ -289,18 +287,20 @@ class Simulation(World):
         the clock only with an empty queue) and resume it at once, without a random draw (a
         batch of one is not shuffled).
         """
+        if not self._alone_until(self.clock._now):
+            return False
+        _current_task()._schedule_points += 1
+        return True
+
+    def _alone_until(self, when: float) -> bool:
+        """The calling task is the only one trio runs in this pass, nothing has been scheduled
+        since the event that woke it, and no trio deadline or keyboard interrupt comes before
+        ``when`` (the test of the inline charge and of a skipped schedule point)."""
         counter = self._counter
         if counter is None or counter.scheduled != self._solo or not self.inline_charges:
             return False
         runner = self.clock._runner
-        if (
-            runner is None
-            or runner.ki_pending
-            or runner.deadlines.next_deadline() <= self.clock._now
-        ):
-            return False
-        _current_task()._schedule_points += 1
-        return True
+        return not (runner is None or runner.ki_pending or runner.deadlines.next_deadline() <= when)
 
     async def _park_until(self, when: float) -> None:
         if not self._in_run:

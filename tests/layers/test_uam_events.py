@@ -36,11 +36,17 @@ def task_path() -> Iterator[None]:
 
 
 def atm_cluster(
-    sim: Simulation, names: list[str], faults: FaultParams | None = None
+    sim: Simulation,
+    names: list[str],
+    faults: FaultParams | None = None,
+    configs: dict[str, EndpointConfig] | None = None,
 ) -> list[Endpoint]:
+    """An SBA-200 cluster and an endpoint on each node (``configs[name]``, else CONFIG)."""
     cluster = build_atm(sim, AtmParams(host="ss20", faults=faults or FaultParams()), names, None)
     return [
-        cluster.nodes[name].os.create_endpoint(cluster.nodes[name].os.process(name), CONFIG)
+        cluster.nodes[name].os.create_endpoint(
+            cluster.nodes[name].os.process(name), (configs or {}).get(name, CONFIG)
+        )
         for name in names
     ]
 
@@ -217,12 +223,10 @@ def test_skipped_schedule_points_change_no_time() -> None:
 
 def test_pdus_the_send_queue_refuses_wait_in_order() -> None:
     sim = Simulation(seed=4)
-    cluster = build_atm(sim, AtmParams(host="ss20"), ["a", "b"], None)
     small = EndpointConfig(
         segment_size=512 * 1024, tx_buffers=2, rx_buffers=48, free_queue=64, send_queue=2
     )
-    ep_a = cluster.nodes["a"].os.create_endpoint(cluster.nodes["a"].os.process("a"), small)
-    ep_b = cluster.nodes["b"].os.create_endpoint(cluster.nodes["b"].os.process("b"), CONFIG)
+    ep_a, ep_b = atm_cluster(sim, ["a", "b"], configs={"a": small})
     to_b, _ = connect(ep_a, ep_b)
     result: dict[str, object] = {}
 

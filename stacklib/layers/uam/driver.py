@@ -205,8 +205,8 @@ class UamService(ReliableService):
         self._pump_deadline = math.inf  # when the lean pump wakes next (inf: only if kicked)
         self._last_poll = -math.inf  # perf_counter of the application's last lean poll
         self._deferred: bool | None = None  # in a lean poll: None, or whether to flush after
-        self._sleepers = 0  # tasks in _wait_until (woken or not)
-        self._waiting: list[Callable[[], bool]] = []  # what they wait for
+        # What the tasks in _wait_until (woken or not) wait for, one entry per task.
+        self._waiting: list[Callable[[], bool]] = []
         self._unsent: dict[int, deque[bytes]] = {}
         if isinstance(below, UNetService) and self._cpu is None:
             endpoint = below.endpoint
@@ -316,8 +316,7 @@ class UamService(ReliableService):
         await self._wait_room(peer)
         self._machines[peer].request(self.handler_index(handler), args, self._now())
         self._kick(peer)
-        world = self._world
-        if world is None or not world._skip_schedule_point():
+        if not self._schedule_point_skipped():
             await trio.lowlevel.cancel_shielded_checkpoint()
 
     def reply(self, handler: int | str, *args: int) -> None:
@@ -469,8 +468,7 @@ class UamService(ReliableService):
         """Poll until ``predicate()`` is true (checked after each poll)."""
         await trio.lowlevel.checkpoint_if_cancelled()
         await self._wait_until(predicate, None)
-        world = self._world
-        if world is None or not world._skip_schedule_point():
+        if not self._schedule_point_skipped():
             await trio.lowlevel.cancel_shielded_checkpoint()
 
     async def drain(self, peer: int | None = None) -> None:
@@ -646,7 +644,7 @@ class UamService(ReliableService):
             message = poll()
         if flush:
             self._flush()  # window room for the backlog, or an ACK owed for a duplicate
-        if self._sleepers:
+        if self._waiting:
             self._wake()
         return count
 
@@ -684,7 +682,7 @@ class UamService(ReliableService):
                 earliest = timer
         if kick and (not done or earliest < self._pump_deadline):
             self._kick_event.set()
-        if moved and self._sleepers:
+        if moved and self._waiting:
             self._wake()  # the backlog moved: senders waiting for it may go on
         return done
 
@@ -810,7 +808,7 @@ class UamService(ReliableService):
             assert self._host_cpu is not None
             self._host_cpu.hold(cost, self._received, descriptor.channel, data)
         else:
-            self._world.call_at(self._world.clock._now, self._received, descriptor.channel, data)
+            self._world.call_at(self._world.now(), self._received, descriptor.channel, data)
 
     def _received(self, peer: int, datagram: bytes) -> None:
         if self._closed:
@@ -824,14 +822,14 @@ class UamService(ReliableService):
             machine.receive(datagram, self._now())
             self._touched.add(peer)  # window room for the backlog, or an ACK owed
             if machine.pending:
-                if self._unpolled or self._errors or not self._params.background_poll:
-                    self._unpolled = True
-                    if self._params.background_poll:
-                        self._background_poll()
-                else:
-                    # poll() for this machine alone: every earlier arrival was handled at
-                    # once, so no other machine has anything waiting.
-                    self._unpolled = True
+                # Every earlier arrival was handled at once unless something is left over: then
+                # this machine alone has events, and poll() need not look at the others.
+                # (Without background_poll the handlers wait for the application's poll().)
+                alone = not (self._unpolled or self._errors)
+                self._unpolled = True
+                if self._params.background_poll and not alone:
+                    self._background_poll()
+                elif self._params.background_poll:
                     try:
                         self._run_handlers(peer, machine)
                         self._unpolled = False
@@ -1113,7 +1111,6 @@ class UamService(ReliableService):
             task = trio.lowlevel.current_task()
             sleeping = self._sleeping
             sleeping.append(task)
-            self._sleepers += 1
             self._waiting.append(predicate)
 
             def abort(
@@ -1128,8 +1125,13 @@ class UamService(ReliableService):
             try:
                 await trio.lowlevel.wait_task_rescheduled(abort)
             finally:
-                self._sleepers -= 1
                 self._waiting.remove(predicate)
+
+    def _schedule_point_skipped(self) -> bool:
+        """Event path: a schedule point counted without yielding, where yielding would change
+        nothing (``Simulation._skip_schedule_point``)."""
+        world = self._world
+        return world is not None and world._skip_schedule_point()
 
     def _kick(self, peer: int | None = None) -> None:
         """Something may be ready to send (on ``peer``'s machine only, if given)."""
@@ -1150,7 +1152,7 @@ class UamService(ReliableService):
             self._flush()
 
     def _wake(self) -> None:
-        if self._sleepers:
+        if self._waiting:
             if self._events is not None and not self._worth_waking():
                 return
             sleeping = self._sleeping
