@@ -29,28 +29,50 @@ import sys
 import warnings
 from collections.abc import Callable, MutableSequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+# mypyc reads ``@mypyc_attr(...)`` on a class only when the name resolves to mypy_extensions'
+# own; without mypy installed (pure Python) a stand-in returns the class unchanged.
+if TYPE_CHECKING:
+    from mypy_extensions import mypyc_attr
+else:
+    try:
+        from mypy_extensions import mypyc_attr
+    except ImportError:
+
+        def mypyc_attr(*attrs: str, **kwattrs: Any) -> Any:
+            return lambda cls: cls
+
 
 __all__ = [
     "HOT_MODULES",
     "available",
     "build",
     "cache_root",
+    "mypyc_attr",
     "remove",
     "source_hash",
     "worker_environment",
 ]
 
-#: Compiled, relative to the package: the modules every simulated message passes through that
-#: mypyc accepts as they are (the NI models' attrs parameter classes, the fabric's link types
-#: and the drivers' async context managers are not yet in this form).
+#: Compiled, relative to the package: the modules every simulated message passes through (the
+#: simulator, the U-Net NI and endpoint, the simulated NIs and fabric, UAM, Split-C's wire
+#: format).  Their classes that other modules subclass carry ``mypyc_attr``.
 HOT_MODULES: tuple[str, ...] = (
     "sim/pipeline.py",
     "sim/resources.py",
     "sim/world.py",
     "sim/clock.py",
     "unet/ring.py",
+    "unet/ni.py",
+    "unet/endpoint.py",
     "wire/descriptor.py",
+    "transports/sim/fabric.py",
+    "transports/sim/ni.py",
+    "transports/sim/atm.py",
+    "transports/sim/ethernet.py",
     "layers/uam/machine.py",
+    "layers/uam/driver.py",
     "layers/splitc/wire.py",
 )
 ENVIRONMENT = "STACKLIB_COMPILED"

@@ -32,14 +32,14 @@ from matplotlib.lines import Line2D
 
 from stacklib.experiments.network_interfaces import bandwidths, rtts
 from stacklib.experiments.tcpip import PLOTS as TCPIP_PLOTS
-from stacklib.transports.sim.fabric import (
+from stacklib.transports.sim.fabric import cells
+from stacklib.transports.sim.links import (
     AAL5_TRAILER,
     CELL_PAYLOAD,
     OC3,
     TAXI_140,
     EthernetLink,
     LinkTech,
-    cells,
 )
 
 Sizes = Sequence[int] | None

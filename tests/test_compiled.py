@@ -16,18 +16,30 @@ import pytest
 from stacklib import compiled
 from stacklib.cli import main
 
-# A small simulation whose numbers depend on every compiled module: Split-C writes and a
-# radix sort of small messages over UAM on the simulated ATM cluster.
+# Small simulations whose numbers depend on every compiled module: Split-C writes and a radix
+# sort of small messages over UAM on the simulated ATM and Fast Ethernet clusters; recipes on
+# the Myrinet NI and the memory NI in virtual time (interpreted subclasses of compiled NIs);
+# and a buffer trace of a UDP recipe (the hook every compiled NI reads).
 PROGRAM = """
 import json, stacklib
 from stacklib.bench.splitc.cluster import run_spmd
 from stacklib.bench.splitc.programs import make_program
+from stacklib.recipes import load_recipe, run_recipe
 from stacklib.transports.sim.machines import MACHINES
+from stacklib.unet.mm.trace import TraceRecorder
 import stacklib.sim.world as world
-run = run_spmd(make_program("rsortsm", (256,), machine=MACHINES["atm-003"]), 4, "atm-003")
+atm = run_spmd(make_program("rsortsm", (256,), machine=MACHINES["atm-003"]), 4, "atm-003")
+fe = run_spmd(make_program("rsortsm", (256,), machine=MACHINES["fe-003"]), 2, "fe-003")
+recipes = {name: run_recipe(load_recipe(name)).rows for name in (
+    "myrinet", "memory-table1-virtual")}
+recorder = TraceRecorder()
+with recorder.installed():
+    run_recipe(load_recipe("udp-atm"))
 print(json.dumps({
-    "times": [r.total for r in run.results],
-    "ok": [r.ok for r in run.results],
+    "times": [r.total for r in atm.results + fe.results],
+    "ok": [r.ok for r in atm.results + fe.results],
+    "recipes": recipes,
+    "trace": [(r.direction, r.node, r.address, r.length) for r in recorder.records],
     "world": world.__file__,
     "compiled": stacklib.COMPILED,
 }))
@@ -106,7 +118,9 @@ def test_the_compiled_copy_gives_the_pure_modules_numbers(
     fast = run_program({"STACKLIB_CACHE": str(tmp_path), compiled.ENVIRONMENT: "1"})
     assert str(pure["world"]).endswith(".py") and pure["compiled"] is None
     assert str(fast["world"]).endswith(".so") and fast["compiled"] == str(copy)
-    assert fast["ok"] == pure["ok"] == [True] * 4
+    assert fast["ok"] == pure["ok"] == [True] * 6
     assert fast["times"] == pure["times"]  # the same simulation, to the last digit
+    assert fast["recipes"] == pure["recipes"]
+    assert fast["trace"] == pure["trace"] and pure["trace"]
     assert compiled.remove() == [copy]
     assert compiled.available() is None

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from stacklib.compiled import mypyc_attr
 from stacklib.errors import ChannelError, EndpointClosed, UNetError
 from stacklib.unet.ring import DescriptorRing
 from stacklib.unet.segment import Segment
@@ -131,7 +132,7 @@ class Channel:
     """
 
     id: int
-    remote: object
+    remote: Hashable
     tx_tag: Hashable
     rx_key: Hashable
 
@@ -196,9 +197,11 @@ class _Waiters:
             trio.lowlevel.reschedule(tasks.popleft())
 
 
-UpcallHandler = Callable[["Endpoint"], object]
+# Any, not object: mypyc looks the alias's names up in the module (and object is not there)
+UpcallHandler = Callable[["Endpoint"], Any]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Endpoint:
     """A U-Net endpoint.  Create it with :meth:`OSService.create_endpoint`, not directly."""
 
@@ -515,14 +518,7 @@ class Endpoint:
         return message
 
     def __aiter__(self) -> AsyncIterator[Message]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[Message]:
-        while True:
-            try:
-                yield await self.recv()
-            except EndpointClosed:
-                return
+        return _Messages(self)
 
     # ------------------------------------------------------------------ upcalls
 
@@ -693,3 +689,20 @@ class Endpoint:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+
+class _Messages:
+    """``async for message in endpoint``: :meth:`Endpoint.recv` until the endpoint is closed
+    (a class rather than an async generator, which mypyc does not compile)."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self._endpoint = endpoint
+
+    def __aiter__(self) -> _Messages:
+        return self
+
+    async def __anext__(self) -> Message:
+        try:
+            return await self._endpoint.recv()
+        except EndpointClosed:
+            raise StopAsyncIteration from None

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from stacklib.compiled import mypyc_attr
 from stacklib.errors import ChannelError
 from stacklib.unet.endpoint import RECV_OP, SEND_OP, Channel, DropReason, Endpoint
 from stacklib.wire.descriptor import (
@@ -57,6 +58,21 @@ class NIStatistics:
     channels: int
 
 
+BufferTrace = Callable[[Endpoint, int, tuple[Fragment, ...]], None]
+_installed_trace: BufferTrace | None = None
+
+
+def install_buffer_trace(trace: BufferTrace | None) -> BufferTrace | None:
+    """Give every NI made from now on ``trace`` as its ``buffer_trace`` (None: none); returns
+    the one installed before.  U-Net/MM's trace recorder uses it for a recipe's run
+    (stacklib/unet/mm/trace.py, paper 002 §6.2).  A module-level setting rather than a class
+    attribute, which the compiled NI (``stacklib compile``) would not see."""
+    global _installed_trace
+    previous, _installed_trace = _installed_trace, trace
+    return previous
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
 class NetworkInterface:
     """Base class of U-Net NIs.  See the module docstring for the division of labour."""
 
@@ -65,10 +81,6 @@ class NetworkInterface:
     #: The endpoint class the OS service creates on this NI (transports whose endpoints drive
     #: the NI themselves give their own).
     endpoint_class: type[Endpoint] = Endpoint
-    #: Called with (endpoint, 0 transmit / 1 receive, buffers) for every segment buffer the NI
-    #: sends from or fills; None (the default) costs one attribute test.  U-Net/MM's trace
-    #: recorder sets it on the class (stacklib/unet/mm/trace.py, paper 002 §6.2).
-    buffer_trace: Callable[[Endpoint, int, tuple[Fragment, ...]], None] | None = None
 
     def __init__(
         self,
@@ -93,6 +105,10 @@ class NetworkInterface:
         #: Whether senders may name an offset in the destination segment (paper 000 §3.6).
         self.direct_access = direct_access
         self.endpoints: dict[int, Endpoint] = {}
+        #: Called with (endpoint, 0 transmit / 1 receive, buffers) for every segment buffer the
+        #: NI sends from or fills; None (the default) costs one attribute test.  An NI made while
+        #: :func:`install_buffer_trace` has one installed starts with it.
+        self.buffer_trace: BufferTrace | None = _installed_trace
         profile = host.profile
         #: Host CPU seconds of a message-level send / receive of n bytes, or None if free.
         #: Modeled NIs set their own; by default the host profile's "unet.send"/"unet.recv".

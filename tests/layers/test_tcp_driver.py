@@ -33,7 +33,7 @@ from stacklib.services import StreamService, UNetService
 from stacklib.sim import Simulation
 from stacklib.stack import layer_class, open_stack
 from stacklib.transports.sim import AtmParams, build_atm
-from stacklib.transports.sim.fabric import FaultParams
+from stacklib.transports.sim.params import FaultParams
 from stacklib.unet import connect
 from tests.layers.test_ip_driver import CONFIG, A, B, Pair, make_pair, run_virtual
 

@@ -19,7 +19,7 @@ from stacklib.services import UNetService
 from stacklib.sim import Simulation
 from stacklib.transports.memory import MemoryNetwork
 from stacklib.transports.sim import AtmParams, build_atm
-from stacklib.transports.sim.fabric import FaultParams
+from stacklib.transports.sim.params import FaultParams
 from stacklib.unet import Endpoint, EndpointConfig, connect
 
 CONFIG = EndpointConfig(segment_size=512 * 1024, tx_buffers=32, rx_buffers=48, free_queue=64)

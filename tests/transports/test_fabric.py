@@ -20,18 +20,10 @@ from stacklib.transports.sim import (
     build_atm,
     build_fe,
 )
-from stacklib.transports.sim.atm import I960NI, I960Params
-from stacklib.transports.sim.fabric import (
-    OC3,
-    TAXI_140,
-    AtmLink,
-    EthernetLink,
-    Fabric,
-    FaultParams,
-    MyrinetLink,
-    Packet,
-    cells,
-)
+from stacklib.transports.sim.atm import I960NI
+from stacklib.transports.sim.fabric import Fabric, Packet, cells
+from stacklib.transports.sim.links import OC3, TAXI_140, AtmLink, EthernetLink, MyrinetLink
+from stacklib.transports.sim.params import FaultParams, I960Params
 from stacklib.unet import DropReason, Endpoint, EndpointConfig, connect
 
 US = 1e-6

@@ -25,15 +25,14 @@ from stacklib.errors import ConfigError
 from stacklib.recipes import parse_recipe, run_recipe
 from stacklib.sim import Simulation, citations
 from stacklib.transports.sim import AtmParams, SimCluster, build_atm
-from stacklib.transports.sim.atm import (
-    I960NI,
+from stacklib.transports.sim.atm import I960NI, Sba100NI
+from stacklib.transports.sim.links import OC3, TAXI_140
+from stacklib.transports.sim.params import (
     ForeFirmwareParams,
     I960Params,
     Pca200Params,
-    Sba100NI,
     Sba100Params,
 )
-from stacklib.transports.sim.fabric import OC3, TAXI_140
 from stacklib.unet import (
     DescriptorStatus,
     DropReason,

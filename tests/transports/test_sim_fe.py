@@ -19,8 +19,9 @@ from stacklib.errors import ChannelError, ConfigError, UNetError
 from stacklib.recipes import parse_recipe, run_recipe
 from stacklib.sim import Simulation, citations
 from stacklib.transports.sim import FastEthernetParams, SimCluster, build_fe
-from stacklib.transports.sim.ethernet import SEND_TRAP_STEPS, Dc21140NI, Dc21140Params
-from stacklib.transports.sim.fabric import EthernetLink
+from stacklib.transports.sim.ethernet import Dc21140NI
+from stacklib.transports.sim.links import EthernetLink
+from stacklib.transports.sim.params import SEND_TRAP_STEPS, Dc21140Params
 from stacklib.unet import (
     DescriptorStatus,
     Endpoint,

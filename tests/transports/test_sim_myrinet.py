@@ -16,7 +16,6 @@ from stacklib.errors import ConfigError
 from stacklib.recipes import parse_recipe, run_recipe
 from stacklib.sim import Simulation, citations
 from stacklib.transports import TransportKind, transport_kind
-from stacklib.transports.sim.fabric import FaultParams
 from stacklib.transports.sim.myrinet import (
     FIG2_CURVES,
     LanaiParams,
@@ -27,6 +26,7 @@ from stacklib.transports.sim.myrinet import (
     host_ni_time_us,
     lanai_params,
 )
+from stacklib.transports.sim.params import FaultParams
 from stacklib.unet import EndpointConfig, connect
 
 P = LanaiParams()

@@ -28,7 +28,7 @@ from stacklib.transports.sim import (
     build_atm,
     build_fe,
 )
-from stacklib.transports.sim.fabric import FaultParams
+from stacklib.transports.sim.params import FaultParams
 from stacklib.unet import Endpoint, EndpointConfig, connect
 from stacklib.unet.node import Node
 

@@ -36,16 +36,15 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-import typing
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
-from typing import TypeAlias
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeAlias
 
 import attrs
 import trio
 import trio.lowlevel
 
+from stacklib.compiled import mypyc_attr
 from stacklib.errors import (
     LocalProtocolError,
     PeerUnreachable,
@@ -63,16 +62,15 @@ from stacklib.layers.uam.machine import (
     UamMachine,
     UamStatistics,
 )
-from stacklib.layers.uam.wire import CHUNK_SIZE, MAX_OVERHEAD, PduType
-from stacklib.services import DatagramService, ReliableService, Service, UNetService
+from stacklib.layers.uam.params import UamParams
+from stacklib.layers.uam.wire import MAX_OVERHEAD, PduType
+from stacklib.services import DatagramService, ReliableService, UNetService
 from stacklib.sim import Resource, Simulation
-from stacklib.sim.costs import cited
-from stacklib.stack import Layer, register_layer, serve
 from stacklib.unet import Endpoint, RecvKind
 
-__all__ = ["Handler", "RemoteAddress", "UamLayer", "UamParams", "UamService"]
+__all__ = ["Handler", "RemoteAddress", "UamParams", "UamService"]
 
-Handler: TypeAlias = Callable[..., object]
+Handler: TypeAlias = Callable[..., Any]  # Any: see UpcallHandler in stacklib.unet.endpoint
 """A handler: ``fn(peer, *args)`` for requests and replies; ``fn(peer, region, offset, nbytes,
 *args)`` for the completion of a store (at the receiver) or a get (at the requester)."""
 
@@ -87,65 +85,7 @@ _REQUEST = int(PduType.REQUEST)
 MAX_MESSAGE = 1 << 24  # the datagram face accepts any size; this bounds a single message
 
 
-def _positive_number(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(f"{attribute.name} must be a positive number, got {value!r}")
-
-
-def _non_negative(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise ValueError(f"{attribute.name} must be a number >= 0, got {value!r}")
-
-
-def _int_in(low: int, high: int) -> Callable[[object, attrs.Attribute[int], int], None]:
-    def check(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise ValueError(f"{attribute.name} must be an integer in {low}..{high}, got {value!r}")
-
-    return check
-
-
-@attrs.frozen
-class UamParams:
-    """Parameters of the UAM layer (``[[layers]] kind = "uam"`` in a recipe)."""
-
-    #: w, the fixed window of requests per peer (paper 000 §5.1.1 gives no value).
-    window: int = attrs.field(default=8, validator=_int_in(1, 4000))
-    #: Go-back-N retransmission timeout, microseconds (fixed: no backoff).
-    rto_us: float = attrs.field(default=4000.0, validator=_positive_number)
-    #: Timeouts without progress before the peer is reported unreachable, i.e. after
-    #: ``rto_us * (max_retries + 1)``.
-    max_retries: int = attrs.field(default=8, validator=_int_in(0, 1_000_000))
-    #: Longest wait for a PDU to carry an acknowledgment before an explicit ACK goes.
-    ack_delay_us: float = attrs.field(default=500.0, validator=_non_negative)
-    #: Data bytes per bulk buffer (capped by what the service below carries).
-    chunk_size: int = cited(
-        CHUNK_SIZE,
-        "paper 000 §5.2: UAM buffers hold 4160 bytes of data",
-        "bytes",
-        validator=_int_in(1, CHUNK_SIZE),
-    )
-    #: Host CPU per PDU sent or received, on NIs that model the host.
-    proto_us: float = cited(
-        1.0,
-        "calibrated: UAM's single-cell round trip is 71 us on the SBA-200, 6 us over raw "
-        "U-Net's 65 (paper 000 §5.2 item 1); the copies take the rest",
-        "us",
-        validator=_non_negative,
-    )
-    #: Host CPU per data-carrying bulk PDU (STORE, GET_REPLY) sent or received, on top of
-    #: ``proto_us``: buffer management and completion bookkeeping of block transfers.
-    bulk_us: float = cited(
-        3.4,
-        "calibrated: UAM block transfer round trip 135 us + 0.2 us/byte (paper 000 §5.2 item "
-        "2); four bulk PDUs handled per round trip",
-        "us",
-        validator=_non_negative,
-    )
-    #: Run handlers from a background task (False: only when the application polls).
-    background_poll: bool = True
-
-
+@mypyc_attr(allow_interpreted_subclasses=True)
 class UamService(ReliableService):
     """Generic Active Messages 1.1 with peers over a datagram service; made by
     :class:`UamLayer`.  See docs/uam.md.
@@ -1177,34 +1117,3 @@ class UamService(ReliableService):
             endpoint.on_arrival = None
             endpoint.on_send_space = None
         self._wake()
-
-
-@register_layer
-class UamLayer(Layer):
-    """U-Net Active Messages: GAM 1.1, go-back-N, block stores and gets (docs/uam.md)."""
-
-    name = "uam"
-    requires = DatagramService
-    provides = ReliableService
-    Params = UamParams
-
-    params: UamParams
-
-    @asynccontextmanager
-    async def open(self, below: Service) -> AsyncIterator[UamService]:
-        """Run the layer over ``below`` and yield its :class:`UamService`."""
-        self.require_below(below)
-        service = UamService(typing.cast(DatagramService, below), self.params)
-        service._now = trio.lowlevel.current_clock().current_time
-        tasks: list[tuple[Callable[[], typing.Awaitable[None]], str]]
-        if service._events is not None:
-            tasks = []  # the event path: the simulator's callbacks do the work
-            service._start_events()
-        elif service._endpoint is not None:
-            tasks = [(service._receive_lean, "uam receive"), (service._pump_lean, "uam pump")]
-        else:
-            tasks = [(service._receive_loop, "uam receive"), (service._pump, "uam pump")]
-        if self.params.background_poll and service._events is None:
-            tasks.append((service._poller, "uam poller"))
-        async with serve(service, tasks, service._close):
-            yield service

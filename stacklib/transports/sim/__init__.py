@@ -18,19 +18,14 @@ from stacklib.errors import ConfigError
 from stacklib.sim import CostProfile, Host, World
 from stacklib.sim.costs import cited
 from stacklib.transports import TransportKind, register_transport
-from stacklib.transports.sim.atm import I960_MODELS, I960NI, Sba100NI, Sba100Params
-from stacklib.transports.sim.ethernet import FE_INTERCONNECTS, Dc21140NI, Dc21140Params
-from stacklib.transports.sim.fabric import (
-    OC3,
-    TAXI_140,
-    AtmLink,
-    EthernetLink,
-    Fabric,
-    FaultParams,
-)
+from stacklib.transports.sim.atm import I960NI, Sba100NI
+from stacklib.transports.sim.ethernet import FE_INTERCONNECTS, Dc21140NI
+from stacklib.transports.sim.fabric import Fabric
 from stacklib.transports.sim.hosts import HOSTS
+from stacklib.transports.sim.links import OC3, TAXI_140, AtmLink, EthernetLink
 from stacklib.transports.sim.myrinet import MyrinetParams, build_myrinet
 from stacklib.transports.sim.ni import SimAddress, SimNI
+from stacklib.transports.sim.params import I960_MODELS, Dc21140Params, FaultParams, Sba100Params
 from stacklib.unet.node import Node
 from stacklib.unet.os_service import OSService
 

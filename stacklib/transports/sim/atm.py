@@ -24,112 +24,21 @@ offered through kernel-emulated endpoints; the whole cost lands on the host CPU.
 
 from __future__ import annotations
 
-import attrs
-
+from stacklib.compiled import mypyc_attr
 from stacklib.sim import Host
-from stacklib.sim.costs import cited
 from stacklib.sim.pipeline import stage
-from stacklib.transports.sim.fabric import Fabric, LinkTech, Packet
+from stacklib.transports.sim.fabric import Fabric, Packet
+from stacklib.transports.sim.links import LinkTech
 from stacklib.transports.sim.ni import SimAddress, SimNI
+from stacklib.transports.sim.params import SINGLE_CELL_MAX, I960Params, Sba100Params
 from stacklib.unet.endpoint import Channel, Endpoint
 from stacklib.unet.ni import Payload
 from stacklib.wire.descriptor import SendDescriptor
 
 US = 1e-6
-SINGLE_CELL_MAX = 40  # 48-byte cell payload minus the 8-byte AAL5 trailer
 
 
-@attrs.frozen
-class I960Params:
-    """Costs of an SBA-200 running U-Net firmware on a SPARCstation-20, in microseconds
-    (paper 000 §4.2).  Subclasses give the PCA-200 and Fore's firmware."""
-
-    name: str = "sba200"
-    host_send_us: float = cited(1.5, "paper 003 §4.4.1: host overhead to send 40 bytes", "us")
-    host_recv_us: float = cited(1.0, "calibrated: host polls its receive queue (host memory)", "us")
-    poll_us: float = cited(1.0, "calibrated: the i960 loop notices a new send descriptor", "us")
-    tx_single_us: float = cited(6.0, "calibrated to paper 000 §4.2.3's 65 us RTT", "us")
-    rx_single_us: float = cited(8.0, "calibrated to paper 000 §4.2.3's 65 us RTT", "us")
-    tx_msg_us: float = cited(20.0, "calibrated to paper 000 §4.2.3's 120 us at 48 bytes", "us")
-    rx_msg_us: float = cited(15.0, "calibrated to paper 000 §4.2.3's 120 us at 48 bytes", "us")
-    tx_cell_us: float = cited(1.5, "calibrated: below the 3.03 us TAXI cell time", "us")
-    rx_cell_us: float = cited(2.0, "calibrated: below the 3.03 us TAXI cell time", "us")
-    dma_cell_us: float = cited(
-        1.0, "paper 000 §4.2.2: three 32-byte SBus bursts per two cells", "us"
-    )
-    #: Receive DMA to the host starts after the last cell (see PCA200).
-    rx_dma_after_last: bool = False
-    signal_us: float = cited(
-        30.0, "paper 000 §4.2.3: a UNIX signal instead of polling adds ~30 us on each end", "us"
-    )
-    output_fifo_cells: int = cited(
-        36,
-        "paper 000 §4.1-4.2: the SBA-100's 36-cell output FIFO, which the SBA-200 shares",
-        "cells",
-    )
-    inline_threshold: int = cited(
-        SINGLE_CELL_MAX,
-        "paper 000 §4.2.2: single-cell messages go straight into the receive-queue entry "
-        "(48-byte cell payload less the 8-byte AAL5 trailer)",
-        "bytes",
-    )
-    #: The host the paper measured the host-side costs on; other hosts scale them by clock.
-    reference_host: str = "ss20"
-    cite: str = "paper 000 §4.2"
-
-
-@attrs.frozen
-class ForeFirmwareParams(I960Params):
-    """Fore's original firmware on the SBA-200 (paper 000 §4.2.1): the i960 follows the
-    kernel's mbuf-like linked structures by DMA, so every message costs far more: about
-    160 us round trip and 13 MB/s at 4 KB."""
-
-    name: str = "fore-firmware"
-    tx_single_us: float = cited(24.0, "calibrated to paper 000 §4.2.1's ~160 us RTT", "us")
-    rx_single_us: float = cited(32.0, "calibrated to paper 000 §4.2.1's ~160 us RTT", "us")
-    tx_msg_us: float = cited(24.0, "calibrated to paper 000 §4.2.1's ~160 us RTT", "us")
-    rx_msg_us: float = cited(32.0, "calibrated to paper 000 §4.2.1's ~160 us RTT", "us")
-    tx_cell_us: float = cited(2.9, "calibrated to paper 000 §4.2.1's 13 MB/s at 4 KB", "us")
-    rx_cell_us: float = cited(3.2, "calibrated to paper 000 §4.2.1's 13 MB/s at 4 KB", "us")
-    inline_threshold: int = cited(
-        0, "paper 000 §4.2.1: Fore's firmware has no U-Net single-cell receive path", "bytes"
-    )
-    cite: str = "paper 000 §4.2.1"
-
-
-@attrs.frozen
-class Pca200Params(I960Params):
-    """The PCA-200 (PCI) with U-Net firmware on a 120 MHz Pentium (paper 003 §4.2, §4.4).
-
-    Paper 003 gives both a 17 us per 100 bytes latency slope (4.1 us per cell) and
-    118-120 Mbit/s: a fully overlapped pipeline cannot show both (its slope is its bottleneck,
-    at most the 2.83 us OC-3 cell time), so the receive DMA is modeled as starting after
-    reassembly, adding its per-cell time to the latency but not to the throughput.
-    """
-
-    name: str = "pca200"
-    host_send_us: float = cited(1.5, "paper 003 §4.4.1: ~1.5 us host overhead, 40 bytes", "us")
-    host_recv_us: float = cited(2.1, "calibrated to paper 001 §3.4's 89 us RTT", "us")
-    poll_us: float = cited(2.4, "calibrated to paper 001 §3.4's 89 us RTT", "us")
-    tx_single_us: float = cited(10.0, "paper 003 §4.4.1: i960 send overhead ~10 us", "us")
-    rx_single_us: float = cited(13.0, "paper 003 §4.4.1: i960 receive overhead ~13 us", "us")
-    tx_msg_us: float = cited(17.0, "calibrated to paper 003 §4.4.2's 130 us at 44 bytes", "us")
-    rx_msg_us: float = cited(20.0, "calibrated to paper 003 §4.4.2's 130 us at 44 bytes", "us")
-    tx_cell_us: float = cited(1.5, "calibrated: below the 2.83 us OC-3 cell time", "us")
-    rx_cell_us: float = cited(2.0, "calibrated: below the 2.83 us OC-3 cell time", "us")
-    dma_cell_us: float = cited(1.425, "calibrated to paper 003 §4.4.2's 351 us at 1500 B", "us")
-    rx_dma_after_last: bool = True
-    reference_host: str = "p120"
-    cite: str = "paper 003 §4.2, §4.4"
-
-
-I960_MODELS: dict[str, type[I960Params]] = {
-    "sba200": I960Params,
-    "fore-firmware": ForeFirmwareParams,
-    "pca200": Pca200Params,
-}
-
-
+@mypyc_attr(allow_interpreted_subclasses=True)
 class I960NI(SimNI):
     """An SBA-200 or PCA-200: the i960 does the NI's work, the host only posts and polls."""
 
@@ -276,36 +185,7 @@ class I960NI(SimNI):
         return engine_done if engine_done >= dma_done else dma_done  # max() without a call
 
 
-@attrs.frozen
-class Sba100Params:
-    """The SBA-100: the host does everything (paper 000 §4.1, Table 1), in microseconds.
-
-    Table 1 splits a single-cell one-way trip into 7 us of AAL5 send overhead, 21 us to send
-    and receive across the switch at trap level, and 5 us of AAL5 receive overhead.  The 21 us
-    contain the two TAXI cell times and the switch (13.06 us) and the two traps (7.94 us,
-    split evenly here).  For multi-cell messages the library's per-cell work is calibrated to
-    the 6.8 MB/s at 1 KB of paper 000 §4.1.
-    """
-
-    name: str = "sba100"
-    send_overhead_us: float = cited(7.0, "paper 000 Table 1: send overhead (AAL5)", "us")
-    recv_overhead_us: float = cited(5.0, "paper 000 Table 1: receive overhead (AAL5)", "us")
-    trap_level_us: float = cited(
-        21.0, "paper 000 Table 1: 1-way send and rcv across switch (at trap level)", "us"
-    )
-    send_cell_us: float = cited(6.65, "calibrated to paper 000 §4.1's 6.8 MB/s at 1 KB", "us")
-    recv_cell_us: float = cited(5.5, "calibrated: below the send side's per-cell cost", "us")
-    crc_send_share: float = cited(0.33, "paper 000 §4.1: CRC is 33% of the send overhead")
-    crc_recv_share: float = cited(0.40, "paper 000 §4.1: CRC is 40% of the receive overhead")
-    signal_us: float = cited(
-        30.0, "paper 000 §4.2.3: a UNIX signal instead of polling adds ~30 us on each end", "us"
-    )
-    output_fifo_cells: int = cited(36, "paper 000 §4.1: 36-cell output FIFO", "cells")
-    input_fifo_cells: int = cited(292, "paper 000 §4.1: 292-cell input FIFO", "cells")
-    reference_host: str = "ss20"
-    cite: str = "paper 000 §4.1, Table 1"
-
-
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Sba100NI(SimNI):
     """The SBA-100: cells moved by fast traps, AAL5 in a user library, all on the host CPU.
 

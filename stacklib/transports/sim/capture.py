@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import os
 
-from stacklib.transports.sim.fabric import AtmLink, EthernetLink, Fabric, Packet
+from stacklib.transports.sim.fabric import Fabric, Packet
+from stacklib.transports.sim.links import AtmLink, EthernetLink
 from stacklib.wire import unet_eth
 from stacklib.wire.pcap import LinkType, PcapWriter, sunatm_record
 

@@ -22,70 +22,16 @@ from collections.abc import Hashable
 
 import attrs
 
+from stacklib.compiled import mypyc_attr
 from stacklib.sim import Host
-from stacklib.sim.costs import cited
 from stacklib.sim.pipeline import stage
-from stacklib.transports.sim.fabric import Fabric, LinkTech, Packet
+from stacklib.transports.sim.fabric import Fabric, Packet
+from stacklib.transports.sim.links import LinkTech
 from stacklib.transports.sim.ni import SimAddress, SimNI
+from stacklib.transports.sim.params import Dc21140Params
 from stacklib.unet.endpoint import Channel, Endpoint
 
 US = 1e-6
-
-#: Paper 003 Fig 3: the send trap's eight steps for a 40-byte message, in microseconds.
-SEND_TRAP_STEPS = (
-    ("trap entry overhead", 0.5),
-    ("check U-Net send parameters", 0.74),
-    ("Ethernet header set-up", 0.37),
-    ("device send ring descriptor set-up", 0.56),
-    ("issue poll demand to DC21140 to start TX process", 0.92),
-    ("free send ring descriptor of previous message", 0.42),
-    ("free U-Net send queue entry of previous message", 0.24),
-    ("return from trap", 0.4),
-)
-
-
-@attrs.frozen
-class Dc21140Params:
-    """Costs of U-Net/FE on a DC21140 in a 120 MHz Pentium, in microseconds."""
-
-    name: str = "dc21140"
-    send_trap_us: float = cited(
-        sum(cost for _, cost in SEND_TRAP_STEPS),
-        "paper 003 Fig 3: the eight steps of the send trap (4.15 us; §4.4.1 says ~4.2)",
-        "us",
-    )
-    tx_dma_setup_us: float = cited(
-        5.0, "calibrated to paper 003 §4.4.2's 57 us RTT (hub): descriptor and buffer fetch", "us"
-    )
-    pci_dma_us_per_byte: float = cited(
-        0.0167, "calibrated to paper 003 §4.4.2's ~25 us per 100 bytes (DMA at ~60 MB/s)", "us/B"
-    )
-    rx_dma_setup_us: float = cited(
-        3.5, "calibrated to paper 003 §4.4.2's 57 us RTT (hub): receive descriptor update", "us"
-    )
-    irq_latency_us: float = cited(
-        2.0, "paper 003 §4.4.1: frame in memory to interrupt handler, roughly 2 us", "us"
-    )
-    rx_handler_small_us: float = cited(
-        4.08, "paper 003 Fig 4: receive interrupt for a 40-byte message", "us"
-    )
-    rx_buffer_alloc_us: float = cited(
-        0.71,
-        "paper 003 Fig 4: allocate a U-Net receive buffer (messages of 64 bytes or more)",
-        "us",
-    )
-    copy_us_per_100_bytes: float = cited(
-        1.42, "paper 003 §4.4.1: copy time +1.42 us per additional 100 bytes", "us"
-    )
-    small_copy_us: float = cited(0.64, "paper 003 Fig 4: copy a 40-byte message", "us")
-    host_recv_us: float = cited(1.0, "calibrated: the application polls its receive queue", "us")
-    tx_ring_frames: int = cited(
-        16, "estimated: a 16-entry transmit ring (the papers do not give its size)", "frames"
-    )
-    #: Messages below 64 bytes are copied into the receive descriptor (paper 003 §4.3.3).
-    inline_threshold: int = cited(63, "paper 003 §4.3.3: under 64 bytes inline", "bytes")
-    reference_host: str = "p120"
-    cite: str = "paper 001 §3, paper 003 §4.3-4.4"
 
 
 @attrs.frozen
@@ -122,6 +68,7 @@ FE_INTERCONNECTS: dict[str, EthernetSwitch] = {
 }
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Dc21140NI(SimNI):
     """The DC21140 with U-Net/FE in the kernel: a fast trap to send, an interrupt to receive."""
 

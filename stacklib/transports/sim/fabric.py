@@ -10,143 +10,37 @@ Fore ASX-200 switch; paper 003 §4.1: Pentiums on a Fast Ethernet hub or switch,
 * ``hub``: one shared half-duplex medium for every NI (a Fast Ethernet repeater hub);
 * ``direct``: two NIs back to back.
 
-Link technologies turn a message into what the wire carries (:class:`WireShape`): AAL5 cells,
-one Ethernet frame with preamble and inter-frame gap, or Myrinet bytes.  Faults (loss and
+Link technologies (:mod:`stacklib.transports.sim.links`) turn a message into what the wire
+carries: AAL5 cells, one Ethernet frame with preamble and inter-frame gap, or Myrinet bytes.
+Faults (loss and
 corruption per unit, duplication and reordering per message) are drawn from the world's seeded
 random streams, so a recipe and seed give the same faults every run.
 """
 
 from __future__ import annotations
 
-import abc
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Literal
 
 import attrs
 
+from stacklib.compiled import mypyc_attr
 from stacklib.sim import Resource, World
-from stacklib.sim.costs import cited
 from stacklib.sim.pipeline import delay, stage
+from stacklib.transports.sim.links import (
+    AAL5_TRAILER,
+    CELL_PAYLOAD,
+    LinkTech,
+    WireShape,
+)
+from stacklib.transports.sim.params import FaultParams
 
 if TYPE_CHECKING:
     from stacklib.transports.sim.ni import SimNI
 
-# ---------------------------------------------------------------------------- link technologies
-
-
-@attrs.frozen(slots=True)
-class WireShape:
-    """How a message crosses a link: ``units`` of ``per_unit`` seconds, then ``tail`` idle."""
-
-    units: int
-    per_unit: float
-    tail: float
-    wire_bytes: int
-
-
-class LinkTech(abc.ABC):
-    """A link technology: its name, bit rate and framing."""
-
-    name: str
-    rate_bps: float
-
-    @abc.abstractmethod
-    def shape(self, message_bytes: int) -> WireShape:
-        """The wire form of a message of ``message_bytes`` bytes."""
-
-    def payload_limit_bps(self, message_bytes: int) -> float:
-        """Payload bits per second this link can carry at most for this message size."""
-        shape = self.shape(message_bytes)
-        return message_bytes * 8 / (shape.units * shape.per_unit + shape.tail)
-
-
-CELL_BYTES = 53
-CELL_PAYLOAD = 48
-AAL5_TRAILER = 8
-
-
-@attrs.frozen
-class AtmLink(LinkTech):
-    """An ATM link carrying AAL5 PDUs in 53-byte cells."""
-
-    name: str
-    #: Bits per second available to cells (after SONET framing on OC-3).
-    rate_bps: float
-    cite: str = ""
-
-    def shape(self, message_bytes: int) -> WireShape:
-        cells = -(-(message_bytes + AAL5_TRAILER) // CELL_PAYLOAD)
-        return WireShape(cells, CELL_BYTES * 8 / self.rate_bps, 0.0, cells * CELL_BYTES)
-
-
-#: 140 Mbit/s TAXI fiber (paper 000 §4.1-4.2).
-TAXI_140 = AtmLink("taxi-140", 140e6, "paper 000 §4.1: 140Mbit/s TAXI fibers")
-#: 155.52 Mbit/s OC-3c: SONET leaves 149.76 Mbit/s for cells, 135.6 Mbit/s of cell payload
-#: ("not 155Mbps, but rather 135 Mbps", paper 001 §3.4; 138 in paper 003 §4.4.2).
-OC3 = AtmLink("oc-3", 149.76e6, "ANSI T1.105 SONET STS-3c payload; paper 001 §3.4, 003 §4.4.2")
-
-
-@attrs.frozen
-class EthernetLink(LinkTech):
-    """Ethernet: 14-byte header + 3-byte U-Net header (paper 001 §3.2), padded to the 60-byte
-    minimum, 4-byte FCS, 8 bytes of preamble and start delimiter, 12 bytes of inter-frame gap."""
-
-    name: str = "fast-ethernet"
-    rate_bps: float = 100e6
-    header_bytes: int = 17
-    cite: str = "IEEE 802.3u 100BASE-TX; paper 001 §3.2"
-
-    def shape(self, message_bytes: int) -> WireShape:
-        frame = max(60, self.header_bytes + message_bytes) + 4
-        bit = 1.0 / self.rate_bps
-        return WireShape(1, (frame + 8) * 8 * bit, 12 * 8 * bit, frame + 20)
-
-
-@attrs.frozen
-class MyrinetLink(LinkTech):
-    """A Myrinet link: bytes flow cut-through at the link rate behind a short route header."""
-
-    name: str = "myrinet"
-    rate_bps: float = cited(1.28e9, "paper 004 §3: 1.28 Gbit/s links each way", "bit/s")
-    header_bytes: int = 8
-    cite: str = "paper 004 §3"
-
-    def shape(self, message_bytes: int) -> WireShape:
-        units = message_bytes + self.header_bytes
-        return WireShape(units, 8 / self.rate_bps, 0.0, units)
-
 
 # ---------------------------------------------------------------------------- faults
-
-
-@attrs.frozen
-class FaultParams:
-    """Faults injected on the fabric, drawn from the seeded stream ``faults:<fabric>``.
-
-    ``loss`` and ``corrupt`` are per unit (cell or frame), so a long AAL5 PDU is more likely to
-    be hit, as on a real ATM network (paper 000 §7.8, Romanow & Floyd); a corrupted message
-    reaches the receiving NI, whose CRC or FCS check drops it.
-    """
-
-    loss: float = attrs.field(
-        default=0.0, validator=[attrs.validators.ge(0.0), attrs.validators.le(1.0)]
-    )
-    corrupt: float = attrs.field(
-        default=0.0, validator=[attrs.validators.ge(0.0), attrs.validators.le(1.0)]
-    )
-    duplicate: float = attrs.field(
-        default=0.0, validator=[attrs.validators.ge(0.0), attrs.validators.le(1.0)]
-    )
-    reorder: float = attrs.field(
-        default=0.0, validator=[attrs.validators.ge(0.0), attrs.validators.le(1.0)]
-    )
-    #: How long a reordered message is held back.
-    reorder_delay_us: float = attrs.field(default=50.0, validator=attrs.validators.ge(0.0))
-
-    @property
-    def any(self) -> bool:
-        return bool(self.loss or self.corrupt or self.duplicate or self.reorder)
 
 
 # ---------------------------------------------------------------------------- packets
@@ -158,12 +52,12 @@ class Packet:
 
     source: str
     destination: str
-    rx_key: object
+    rx_key: Hashable
     payload: bytes
     dest_offset: int | None
     shape: WireShape
     #: Link-level tag for captures (ATM VCI, U-Net/FE port).
-    tag: object = None
+    tag: Hashable = None
     corrupted: bool = False
 
 
@@ -183,6 +77,7 @@ class FabricStatistics:
 Tap = Callable[[float, Packet], None]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Fabric:
     """Links and a switch or hub joining simulated NIs.  See the module docstring."""
 

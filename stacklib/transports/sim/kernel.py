@@ -28,9 +28,9 @@ from typing import Literal
 import attrs
 
 from stacklib.sim.costs import cited
-from stacklib.transports.sim.atm import ForeFirmwareParams
-from stacklib.transports.sim.fabric import AAL5_TRAILER, CELL_BYTES, CELL_PAYLOAD, TAXI_140
 from stacklib.transports.sim.hosts import HOSTS
+from stacklib.transports.sim.links import AAL5_TRAILER, CELL_BYTES, CELL_PAYLOAD, TAXI_140
+from stacklib.transports.sim.params import ForeFirmwareParams
 
 __all__ = [
     "ATM",

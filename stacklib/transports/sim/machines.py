@@ -33,7 +33,7 @@ from stacklib.transports.sim import (
     build_atm,
     build_fe,
 )
-from stacklib.transports.sim.fabric import FaultParams
+from stacklib.transports.sim.params import FaultParams
 from stacklib.unet.endpoint import Channel, Endpoint
 from stacklib.unet.ni import Payload
 from stacklib.unet.node import Node

@@ -49,9 +49,11 @@ from stacklib.errors import ConfigError
 from stacklib.sim import CostProfile, Host, World
 from stacklib.sim.costs import cited
 from stacklib.sim.pipeline import stage
-from stacklib.transports.sim.fabric import Fabric, FaultParams, MyrinetLink, Packet
+from stacklib.transports.sim.fabric import Fabric, Packet
 from stacklib.transports.sim.hosts import HOSTS
+from stacklib.transports.sim.links import MyrinetLink
 from stacklib.transports.sim.ni import SimNI
+from stacklib.transports.sim.params import FaultParams
 from stacklib.wire.descriptor import FRAGMENT_SIZE, HEADER_SIZE
 
 if TYPE_CHECKING:

@@ -23,9 +23,11 @@ from collections.abc import Hashable
 
 import attrs
 
+from stacklib.compiled import mypyc_attr
 from stacklib.errors import ChannelError
 from stacklib.sim import Host, Resource
-from stacklib.transports.sim.fabric import Fabric, LinkTech, Packet, WireShape
+from stacklib.transports.sim.fabric import Fabric, Packet
+from stacklib.transports.sim.links import LinkTech, WireShape
 from stacklib.unet.endpoint import Channel, DropReason, Endpoint
 from stacklib.unet.ni import NetworkInterface, Payload
 from stacklib.wire.descriptor import SendDescriptor
@@ -42,6 +44,7 @@ class SimAddress:
         return f"{self.node}:{self.port}"
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class SimNI(NetworkInterface):
     """A simulated NI attached to a :class:`Fabric`.  Subclasses model specific hardware."""
 

@@ -228,15 +228,14 @@ class TraceRecorder:
 
     @contextmanager
     def installed(self) -> Iterator[TraceRecorder]:
-        """Record every NI's buffers inside the ``with`` block."""
-        from stacklib.unet.ni import NetworkInterface
+        """Record the buffers of every NI made inside the ``with`` block."""
+        from stacklib.unet.ni import install_buffer_trace
 
-        previous = NetworkInterface.buffer_trace
-        NetworkInterface.buffer_trace = self
+        previous = install_buffer_trace(self)
         try:
             yield self
         finally:
-            NetworkInterface.buffer_trace = previous
+            install_buffer_trace(previous)
 
     def to_bytes(self) -> bytes:
         return build_trace(self.records)

@@ -23,7 +23,7 @@ from stacklib.layers.uam import UamParams
 from stacklib.services import UNetService
 from stacklib.stack import layer_class, open_stack
 from stacklib.transports.memory import MemoryNetwork
-from stacklib.transports.sim.fabric import FaultParams
+from stacklib.transports.sim.params import FaultParams
 from stacklib.unet import connect
 
 

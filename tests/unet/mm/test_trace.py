@@ -22,7 +22,7 @@ from stacklib.unet.mm.trace import (
     parse_trace_reference,
     trace_records,
 )
-from stacklib.unet.ni import NetworkInterface
+from stacklib.unet.ni import install_buffer_trace
 
 P = 4096
 
@@ -67,7 +67,7 @@ def test_recorder_captures_every_buffer_of_a_udp_run() -> None:
     recorder = TraceRecorder()
     with recorder.installed():
         result = run_recipe(recipe)
-    assert NetworkInterface.buffer_trace is None  # uninstalled
+    assert install_buffer_trace(None) is None  # uninstalled
     records = recorder.records
     tx = [r for r in records if r.direction == 0]
     rx = [r for r in records if r.direction == 1]
