@@ -584,6 +584,28 @@ async def test_lean_requests_are_handled_exactly_once_in_order(background: bool)
             assert b.peer_statistics(pair.ch_b).handled == 400
 
 
+async def test_a_lean_poll_leaves_what_does_not_fit_at_the_endpoint() -> None:
+    # More in-order PDUs wait at the endpoint than the 2w arrivals a machine holds (a peer with
+    # a larger window sends them): poll takes 2w, runs their handlers, then takes the rest.
+    # Nothing is dropped for want of a buffer, so nothing waits for go-back-N's timeout.
+    with ShmNetwork() as network:
+        pair = make_shm_pair(network)
+        small, large = UamParams(background_poll=False, window=2), UamParams(window=8)
+        async with (
+            UamLayer(small).open(UNetService(pair.ep_a)) as a,
+            UamLayer(large).open(UNetService(pair.ep_b)) as b,
+        ):
+            seen: list[int] = []
+            for am in (a, b):
+                am.register_handler(lambda peer, i: seen.append(i), name="note")
+            for i in range(8):
+                b.request_nowait(pair.ch_b, "note", i)
+            assert a.poll() == 8
+            assert seen == list(range(8))
+            statistics = a.peer_statistics(pair.ch_a)
+            assert (statistics.handled, statistics.no_buffer) == (8, 0)
+
+
 async def test_lean_reply_rules_hold() -> None:
     quiet = UamLayer(UamParams(background_poll=False))
     with ShmNetwork() as network:

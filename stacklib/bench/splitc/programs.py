@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 import attrs
@@ -26,7 +28,8 @@ import numpy.typing as npt
 import trio
 
 from stacklib.bench.splitc.cluster import run_spmd
-from stacklib.layers.splitc import SplitC
+from stacklib.layers.splitc import GlobalPtr, Pending, SplitC
+from stacklib.layers.uam import UamParams
 from stacklib.transports.sim.machines import (
     CALIBRATED_HOSTS,
     CALIBRATION_POINTS,
@@ -39,6 +42,7 @@ from stacklib.transports.sim.machines import (
 
 __all__ = [
     "CALIBRATION_ORDER",
+    "CC_GET_WINDOW",
     "PAPER_SIZES",
     "PROGRAMS",
     "SMALL_SIZES",
@@ -83,8 +87,12 @@ class Work:
     ``await work(op, count, fn)`` runs ``fn()`` (the real computation, always: its result is
     verified) and then charges ``count`` operations ``op`` ("madd", "key", "compare", "edge")
     at the machine's cost on this rank; without a machine the wall-clock time of ``fn`` is
-    what is charged.
+    what is charged.  When the count is only known from the result (the edges connected
+    components examined), ``count`` is a function of ``fn``'s result.
     """
+
+    #: The clock that times ``fn`` where the wall time is charged (a test may replace it).
+    clock = staticmethod(time.perf_counter)
 
     def __init__(self, sc: SplitC, machine: Machine | None) -> None:
         self.sc = sc
@@ -92,11 +100,15 @@ class Work:
         self.start_compute = 0.0
         self.ops: dict[str, float] = {}
 
-    async def __call__(self, op: str, count: float, fn: Callable[[], T]) -> T:
-        self.ops[op] = self.ops.get(op, 0.0) + count
-        begin = time.perf_counter()
+    async def __call__(
+        self, op: str, count: float | Callable[[T], float], fn: Callable[[], T]
+    ) -> T:
+        begin = self.clock()
         result = fn()
-        wall = time.perf_counter() - begin
+        wall = self.clock() - begin
+        if callable(count):
+            count = count(result)
+        self.ops[op] = self.ops.get(op, 0.0) + count
         if self.costs is not None and self.sc.modeled:
             seconds = count * getattr(self.costs, f"{op}_us") * 1e-6
         else:
@@ -490,18 +502,67 @@ def _propagate(labels: Any, right: Any, down: Any) -> tuple[Any, int]:
             return labels, examined
 
 
+#: Split-phase gets cc keeps outstanding to one rank: UAM's window w (the default of
+#: UamParams, which the simulated clusters and the real ranks use).  UAM frees a request's
+#: window slot when the peer acknowledges it, and a peer that handles a run of requests in one
+#: poll sends their replies each carrying the acknowledgment of the whole run: the first reply
+#: opens the window again while the other w - 1 are still on their way.  A program issuing
+#: gets as fast as the window opens can so have up to 2w replies and the peer's own w requests
+#: arriving at once, more than the 2w arrivals UAM keeps per peer (paper 000 §5.1.1), and on
+#: real transports the surplus waits at the endpoint, whose receive queue it can overrun
+#: (docs/splitc.md, "Results for real").  At most w gets not yet answered keep a peer's
+#: arrivals within w replies + w requests.  (On the simulated NIs handlers run as each PDU
+#: arrives and every reply acknowledges only its own request: the bound waits exactly when
+#: UAM's window would, and the simulated times are those of unbounded gets.)
+CC_GET_WINDOW = UamParams().window
+
+
+async def _completed(sc: SplitC, pending: Pending) -> None:
+    """Poll until ``pending`` has completed (what :meth:`SplitC.read` waits for)."""
+    await sc.am.wait_until(lambda: pending.done)
+
+
+async def _get_windowed(sc: SplitC, pointers: Sequence[GlobalPtr], window: int) -> list[Any]:
+    """The values at ``pointers``, fetched with split-phase gets in order, of which at most
+    ``window`` are outstanding to any one rank: before another get to a rank the oldest one
+    to it completes.  Returns them in the order of ``pointers``."""
+    if window < 1:
+        raise ValueError(f"window must be at least 1, got {window}")
+    pending: list[Pending] = []
+    outstanding: dict[int, deque[Pending]] = {}
+    async with sc.split_phase():
+        for gp in pointers:
+            queue = outstanding.setdefault(gp.rank, deque())
+            while queue and queue[0].done:  # replies from one rank come in order
+                queue.popleft()
+            if len(queue) >= window:
+                await _completed(sc, queue.popleft())
+            queue.append(await sc.get(gp))
+            pending.append(queue[-1])
+    return [done.value for done in pending]
+
+
+def _examined(result: tuple[Any, int]) -> float:
+    """The edges a :func:`_propagate` call examined (the work charged for it)."""
+    return float(result[1])
+
+
 def connected_components(
     rows_per_rank: int,
     cols: int,
     *,
     probability: float = 0.6,
+    get_window: int = CC_GET_WINDOW,
     seed: int = 1,
     machine: Machine | None = None,
 ) -> Program:
     """Connected components of a random 2-D grid graph, a slab of rows per rank (the kind of
     graph of the Split-C connected-components study cited by paper 000 §6, ref. 20; the
     sizes are ours): local components first, then rounds in which each rank reads its
-    neighbours' boundary labels with small split-phase gets until no label changes."""
+    neighbours' boundary labels with small split-phase gets, at most ``get_window`` of them
+    unanswered per neighbour (:data:`CC_GET_WINDOW`), until no label changes."""
+    if get_window < 1:
+        raise ValueError(f"connected_components: get_window must be at least 1, got {get_window}")
 
     async def program(sc: SplitC) -> RankResult:
         work = Work(sc, machine)
@@ -513,35 +574,29 @@ def connected_components(
         labels = await sc.all_alloc("cc.labels", (rows_per_rank, cols), np.int64)
         labels[:] = np.arange(top * cols, bottom * cols).reshape(rows_per_rank, cols)
         start = await work.begin()
-        result, examined = _propagate(labels.copy(), right, down)
-        await work("edge", examined, lambda: None)
+        # The sweeps run inside Work, so that on real transports their wall time is the
+        # computation; simulated hosts are charged for the edges examined.
+        result, _ = await work("edge", _examined, partial(_propagate, labels.copy(), right, down))
         labels[:] = result
-        above = down_all[top - 1] if sc.rank > 0 else np.zeros(cols, bool)
-        below = down_all[bottom - 1] if sc.rank < sc.size - 1 else np.zeros(cols, bool)
+        above = np.flatnonzero(down_all[top - 1]) if sc.rank > 0 else np.zeros(0, np.intp)
+        below = np.flatnonzero(down_all[bottom - 1]) if sc.rank < sc.size - 1 else above[:0]
+        last_row = (rows_per_rank - 1) * cols
+        pointers = [sc.ptr(sc.rank - 1, "cc.labels", last_row + int(j)) for j in above]
+        pointers += [sc.ptr(sc.rank + 1, "cc.labels", int(j)) for j in below]
         while True:
             await sc.barrier()
-            async with sc.split_phase():
-                last_row = (rows_per_rank - 1) * cols
-                up = [
-                    (j, await sc.get(sc.ptr(sc.rank - 1, "cc.labels", last_row + int(j))))
-                    for j in np.flatnonzero(above)
-                ]
-                low = [
-                    (j, await sc.get(sc.ptr(sc.rank + 1, "cc.labels", int(j))))
-                    for j in np.flatnonzero(below)
-                ]
+            values = await _get_windowed(sc, pointers, get_window)
             await sc.barrier()  # everyone has read before anyone lowers its labels
             changed = 0
             new = labels.copy()
-            for j, pending in up:
-                if pending.value < new[0, j]:
-                    new[0, j] = pending.value
-            for j, pending in low:
-                if pending.value < new[-1, j]:
-                    new[-1, j] = pending.value
+            for j, value in zip(above, values[: len(above)], strict=True):
+                if value < new[0, j]:
+                    new[0, j] = value
+            for j, value in zip(below, values[len(above) :], strict=True):
+                if value < new[-1, j]:
+                    new[-1, j] = value
             if not np.array_equal(new, labels):
-                result, examined = _propagate(new, right, down)
-                await work("edge", examined, lambda: None)
+                result, _ = await work("edge", _examined, partial(_propagate, new, right, down))
                 changed = 1
                 labels[:] = result
             if await sc.all_reduce(changed, "max") == 0:

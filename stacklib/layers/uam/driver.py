@@ -369,10 +369,14 @@ class UamService(ReliableService):
             self._deferred = False
         count = 0
         try:
-            if self._absorb(flush=False):
-                self._deferred = True
-            for peer, machine in self._machine_items:
-                count += self._run_handlers(peer, machine)
+            while True:
+                if self._absorb(flush=False):
+                    self._deferred = True
+                full = self._arrivals_full()
+                for peer, machine in self._machine_items:
+                    count += self._run_handlers(peer, machine)
+                if not full:  # else more may wait at the endpoint, which _absorb left there
+                    break
         finally:
             self._current = None
             if not nested:
@@ -568,6 +572,8 @@ class UamService(ReliableService):
         many.  Handlers wait for a poll; acknowledgments and window room take effect."""
         endpoint = self._endpoint
         assert endpoint is not None
+        if self._arrivals_full():
+            return 0  # handlers first: the next datagram may be for that peer
         poll = endpoint.poll
         message = poll()
         if message is None:
@@ -581,12 +587,20 @@ class UamService(ReliableService):
                 machine = self._add_machine(message.channel)
             machine.receive(message.data, now)
             count += 1
+            if machine.arrivals_full:
+                # Taking more would drop this peer's next PDU (go-back-N would resend it and
+                # everything after it, after a timeout); at the endpoint it waits for a poll.
+                break
             message = poll()
         if flush:
             self._flush()  # window room for the backlog, or an ACK owed for a duplicate
         if self._waiting:
             self._wake()
         return count
+
+    def _arrivals_full(self) -> bool:
+        """Some peer has 2w arrivals waiting for their handlers (lean path)."""
+        return any(machine.arrivals_full for _, machine in self._machine_items)
 
     def _flush(self, kick: bool = True) -> bool:
         """Lean path: transmit what the machines want sent, now, with ``send_nowait``; what

@@ -359,6 +359,12 @@ class UamMachine:
         return bool(self._events or self._ready)
 
     @property
+    def arrivals_full(self) -> bool:
+        """2w arrivals wait for their handlers: the next in-order PDU would be dropped (a
+        driver that can leave datagrams waiting at the endpoint should stop taking them)."""
+        return len(self._ready) >= 2 * self.window
+
+    @property
     def has_output(self) -> bool:
         """False only if :meth:`datagrams_to_send` would return nothing and change nothing
         (a driver may then skip the call)."""
