@@ -190,7 +190,9 @@ def cmd_spawn(args: argparse.Namespace) -> int:
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from stacklib.reproduce import run_experiments
 
-    return run_experiments(only=args.only, as_json=args.json, plots=args.plots, everything=args.all)
+    return run_experiments(
+        only=args.only, as_json=args.json, plots=args.plots, everything=args.all, full=args.full
+    )
 
 
 def _wall_clock_options(b: argparse.ArgumentParser, repeat: int) -> None:

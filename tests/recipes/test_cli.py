@@ -126,3 +126,26 @@ def test_bench_transport_misuse_exits_2(args: list[str], message: str) -> None:
     done = stacklib("bench", *args, check=False)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_reproduce_passes_its_options_on(monkeypatch: pytest.MonkeyPatch, full: bool) -> None:
+    import stacklib.reproduce
+    from stacklib.cli import main
+
+    seen: dict[str, object] = {}
+
+    def run_experiments(**options: object) -> int:
+        seen.update(options)
+        return 0
+
+    monkeypatch.setattr(stacklib.reproduce, "run_experiments", run_experiments)
+    argv = ["reproduce", "--only", "splitc", "--json"] + (["--full"] if full else [])
+    assert main(argv) == 0
+    assert seen == {
+        "only": ["splitc"],
+        "as_json": True,
+        "plots": None,
+        "everything": False,
+        "full": full,
+    }
