@@ -124,3 +124,37 @@ def test_the_compiled_copy_gives_the_pure_modules_numbers(
     assert fast["trace"] == pure["trace"] and pure["trace"]
     assert compiled.remove() == [copy]
     assert compiled.available() is None
+
+
+def test_a_full_run_builds_the_compiled_copy_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    import stacklib
+    from stacklib.experiments import splitc as experiment
+
+    built: list[int] = []
+    lines: list[str] = []
+
+    def build(progress: object = None) -> Path:
+        built.append(1)
+        return Path("copy")
+
+    def fail(progress: object = None) -> Path:
+        raise RuntimeError("no C compiler")
+
+    monkeypatch.setattr(stacklib, "COMPILED", None)
+    monkeypatch.setattr(compiled, "available", lambda: None)
+    monkeypatch.setattr(compiled, "build", build)
+    monkeypatch.setattr(compiled, "can_build", lambda: True)
+    experiment.prepare_engine(True, lines.append)  # --pure: never
+    assert (built, lines) == ([], [])
+    experiment.prepare_engine(False, lines.append)
+    assert built == [1] and "compiling" in lines[-1]
+    monkeypatch.setattr(compiled, "can_build", lambda: False)
+    experiment.prepare_engine(False, lines.append)
+    assert built == [1] and "pip install 'stacklib[fast]'" in lines[-1]
+    monkeypatch.setattr(compiled, "can_build", lambda: True)
+    monkeypatch.setattr(compiled, "build", fail)
+    experiment.prepare_engine(False, lines.append)
+    assert "no C compiler" in lines[-1] and "pure Python" in lines[-1]
+    monkeypatch.setattr(compiled, "available", lambda: Path("copy"))
+    experiment.prepare_engine(False, lines.append)  # a copy of these sources exists: nothing
+    assert len(lines) == 4

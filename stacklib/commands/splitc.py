@@ -280,6 +280,8 @@ def cmd_table1(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
+    if args.full:
+        experiment.prepare_engine(args.pure, lambda line: print(line, file=sys.stderr, flush=True))
     print(experiment.engine_line(args.pure), file=sys.stderr, flush=True)
     started = time.perf_counter()
     try:

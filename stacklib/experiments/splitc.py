@@ -73,6 +73,7 @@ __all__ = [
     "expected_cost",
     "fig5",
     "fig5_cells",
+    "prepare_engine",
     "run_cell",
     "run_cells",
     "run_experiment",
@@ -420,8 +421,29 @@ def engine_line(pure: bool = False) -> str:
         )
     return (
         "simulating with the pure Python modules (`stacklib compile`, with mypyc, makes "
-        "the simulation about 1.4x faster)"
+        "the simulation about 2.6x faster)"
     )
+
+
+def prepare_engine(pure: bool, progress: Callable[[str], None]) -> None:
+    """Before a run at the papers' sizes: build the compiled copy (``stacklib compile``, about
+    a minute) if mypyc is installed and no copy matches the sources, since on two cores only
+    the compiled simulation beats the 1996 clusters' 814.6 s; say why not otherwise."""
+    if pure or stacklib.COMPILED or compiled.available() is not None:
+        return
+    if not compiled.can_build():
+        progress(
+            "no compiled hot path: `pip install 'stacklib[fast]'` (mypyc) and it is built "
+            "before a full run, 2.6x faster; running the pure Python modules"
+        )
+        return
+    progress(
+        "compiling the simulator's hot path with mypyc first (stacklib compile), about a minute"
+    )
+    try:
+        compiled.build()
+    except RuntimeError as error:
+        progress(f"stacklib compile failed, running the pure Python modules: {error}")
 
 
 @contextlib.contextmanager
@@ -688,6 +710,7 @@ def run_experiment(full: bool = False, jobs: int | None = None) -> list[Figure]:
             f"{workers} processes, longest expected first (the 1996 clusters took "
             f"{CLUSTERS_SECONDS:.1f} s); paper 000 Fig 5 at {_sizes(FIG5_SIZES)} per rank"
         )
+        prepare_engine(False, _progress)
         _progress(engine_line())
         suite_started = time.perf_counter()
         runs = run_cells(suite(benchmarks), jobs, _progress, live=True)
