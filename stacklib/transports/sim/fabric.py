@@ -12,9 +12,9 @@ Fore ASX-200 switch; paper 003 §4.1: Pentiums on a Fast Ethernet hub or switch,
 
 Link technologies (:mod:`stacklib.transports.sim.links`) turn a message into what the wire
 carries: AAL5 cells, one Ethernet frame with preamble and inter-frame gap, or Myrinet bytes.
-Faults (loss and
-corruption per unit, duplication and reordering per message) are drawn from the world's seeded
-random streams, so a recipe and seed give the same faults every run.
+Faults (:class:`~stacklib.transports.sim.params.FaultParams`: loss and corruption per unit,
+duplication and reordering per message) are drawn from the world's seeded random streams, so a
+recipe and seed give the same faults every run.
 """
 
 from __future__ import annotations
@@ -28,19 +28,11 @@ import attrs
 from stacklib.compiled import mypyc_attr
 from stacklib.sim import Resource, World
 from stacklib.sim.pipeline import delay, stage
-from stacklib.transports.sim.links import (
-    AAL5_TRAILER,
-    CELL_PAYLOAD,
-    LinkTech,
-    WireShape,
-)
+from stacklib.transports.sim.links import AAL5_TRAILER, CELL_PAYLOAD, LinkTech, WireShape
 from stacklib.transports.sim.params import FaultParams
 
 if TYPE_CHECKING:
     from stacklib.transports.sim.ni import SimNI
-
-
-# ---------------------------------------------------------------------------- faults
 
 
 # ---------------------------------------------------------------------------- packets
