@@ -89,6 +89,26 @@ def test_a_copy_that_does_not_match_the_sources_is_not_used(
     assert compiled._activate(path) is None
 
 
+def test_a_copy_this_process_may_not_read_is_not_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # E.g. a process of another user (a test's `setpriv` child) that inherits
+    # STACKLIB_COMPILED=1 pointing into root's cache: it runs the pure modules, with a warning.
+    copy = tmp_path / "copy"
+    (copy / "stacklib").mkdir(parents=True)
+    (copy / "SOURCE_HASH").write_text(compiled.source_hash() + "\n")
+
+    def denied(self: Path, *args: object, **kwargs: object) -> str:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_text", denied)
+    monkeypatch.setenv(compiled.ENVIRONMENT, str(copy))
+    path: list[str] = []
+    with pytest.warns(RuntimeWarning, match="no compiled copy of these sources"):
+        assert compiled._activate(path) is None
+    assert path == []
+
+
 def test_compile_path_says_when_there_is_no_copy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

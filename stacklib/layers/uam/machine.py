@@ -49,7 +49,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from collections.abc import Sequence
-from typing import TypeAlias
+from typing import TypeAlias, cast
 
 import attrs
 
@@ -235,20 +235,22 @@ class _Out:
     acked: bool = False
 
 
-def _check_args(args: Sequence[int]) -> tuple[int, ...]:
+def _check_args(args: Sequence[object]) -> tuple[int, ...]:
+    # ``object``, not ``int``: compiled (stacklib compile), an element typed int would be
+    # unboxed on the way in, and True would pass as 1.
     if len(args) <= MAX_ARGS:
         # The common case first: plain ints in range (one comparison chain per word).
         for arg in args:
-            if arg.__class__ is not int or not 0 <= arg <= WORD_MAX:
+            if type(arg) is not int or not 0 <= arg <= WORD_MAX:
                 break
         else:
-            return args if isinstance(args, tuple) else tuple(args)
+            return cast(tuple[int, ...], args if isinstance(args, tuple) else tuple(args))
     if len(args) > MAX_ARGS:
         raise LocalProtocolError(f"UAM: at most {MAX_ARGS} argument words, got {len(args)}")
     for arg in args:
         if isinstance(arg, bool) or not isinstance(arg, int) or not 0 <= arg <= WORD_MAX:
             raise LocalProtocolError(f"UAM: argument {arg!r} is not a 32-bit unsigned word")
-    return tuple(args)
+    return cast(tuple[int, ...], tuple(args))
 
 
 def _check_handler(handler: int) -> int:
