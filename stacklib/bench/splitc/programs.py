@@ -525,9 +525,8 @@ async def _completed(sc: SplitC, pending: Pending) -> None:
 async def _get_windowed(sc: SplitC, pointers: Sequence[GlobalPtr], window: int) -> list[Any]:
     """The values at ``pointers``, fetched with split-phase gets in order, of which at most
     ``window`` are outstanding to any one rank: before another get to a rank the oldest one
-    to it completes.  Returns them in the order of ``pointers``."""
-    if window < 1:
-        raise ValueError(f"window must be at least 1, got {window}")
+    to it completes.  Returns them in the order of ``pointers`` (``window`` >= 1: checked by
+    :func:`connected_components`)."""
     pending: list[Pending] = []
     outstanding: dict[int, deque[Pending]] = {}
     async with sc.split_phase():
