@@ -606,6 +606,32 @@ async def test_a_lean_poll_leaves_what_does_not_fit_at_the_endpoint() -> None:
             assert (statistics.handled, statistics.no_buffer) == (8, 0)
 
 
+@pytest.mark.parametrize("acknowledge", [False, True])
+async def test_acknowledge_before_a_long_computation(acknowledge: bool) -> None:
+    # b handles a request and then computes without polling.  Its acknowledgment is delayed
+    # (ack_delay), so without acknowledge() a's request stays unacknowledged meanwhile and a's
+    # timer runs; with it the ACK is already at a before the computation starts.
+    quiet = UamLayer(UamParams(background_poll=False))
+    with ShmNetwork() as network:
+        pair = make_shm_pair(network)
+        async with (
+            quiet.open(UNetService(pair.ep_a)) as a,
+            quiet.open(UNetService(pair.ep_b)) as b,
+        ):
+            seen: list[int] = []
+            for am in (a, b):
+                am.register_handler(lambda peer, i: seen.append(i), name="note")
+            a.request_nowait(pair.ch_a, "note", 7)
+            if acknowledge:
+                assert b.acknowledge() == 1
+            else:
+                assert b.poll() == 1
+            assert seen == [7]
+            a.poll()  # takes whatever b sent
+            assert a.peer_statistics(pair.ch_a).unacked == (0 if acknowledge else 1)
+            assert b.peer_statistics(pair.ch_b).acks_sent == (1 if acknowledge else 0)
+
+
 async def test_lean_reply_rules_hold() -> None:
     quiet = UamLayer(UamParams(background_poll=False))
     with ShmNetwork() as network:

@@ -218,6 +218,25 @@ def test_request_without_reply_is_acked_explicitly_after_ack_delay() -> None:
     assert a.statistics().acks_received == 1
 
 
+def test_acknowledge_now_sends_the_owed_ack_without_waiting() -> None:
+    a, b = machine(), machine()
+    b.acknowledge_now()  # nothing owed: nothing to send
+    assert b.datagrams_to_send(0.0) == []
+    a.request(SINK, (), now=0.0)
+    b.receive(a.datagrams_to_send(0.0)[0], now=0.01)
+    b.acknowledge_now()  # received, not handled: not owed yet
+    assert b.datagrams_to_send(0.01) == []
+    assert len(events(b)) == 1
+    b.acknowledge_now()  # the application is about to compute for a while
+    (ack,) = b.datagrams_to_send(0.01)
+    assert parse(ack) == Pdu(PduType.ACK, ack=1)
+    a.receive(ack, now=0.02)
+    assert a.idle and a.get_timer() is None
+    b.acknowledge_now()  # advertised: owed no more
+    assert b.datagrams_to_send(0.02) == []
+    assert b.statistics().acks_sent == 1
+
+
 def test_half_a_window_of_handled_requests_is_acked_at_once() -> None:
     a, b = machine(window=4), machine(window=4)
     for i in range(4):

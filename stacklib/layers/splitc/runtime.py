@@ -575,6 +575,12 @@ class SplitC(Service):
         """Run the handlers of whatever has arrived (the polling face); returns how many."""
         return self.am.poll()
 
+    def acknowledge(self) -> int:
+        """Run the handlers of whatever has arrived and send UAM's owed acknowledgments now
+        (:meth:`UamService.acknowledge`); returns how many handlers ran.  Call it before a
+        long computation on a real transport, where the rank answers nobody until it ends."""
+        return self.am.acknowledge()
+
     async def sync(self) -> None:
         """Wait until every get and put this rank started has completed.
 

@@ -186,6 +186,11 @@ class UamService(ReliableService):
     def __repr__(self) -> str:
         return f"<UamService over {self._below!r}, {len(self._machines)} peers>"
 
+    @property
+    def params(self) -> UamParams:
+        """The parameters this service was made with."""
+        return self._params
+
     # ------------------------------------------------------------------ tables
 
     def register_handler(
@@ -358,6 +363,20 @@ class UamService(ReliableService):
                 self._dirty = True
                 if not self._defer:
                     self._transmit_events()
+        return count
+
+    def acknowledge(self) -> int:
+        """Run the handlers of what has arrived, then send every acknowledgment owed now
+        instead of after ``ack_delay``; returns how many handlers ran.
+
+        Call it before a long computation that does not poll: until it ends, nothing this
+        rank received would be acknowledged, and the peers' go-back-N timers would expire
+        and resend what arrived intact.  Raises what :meth:`poll` raises.
+        """
+        count = self.poll()
+        for machine in self._machines.values():
+            machine.acknowledge_now()
+        self._kick()
         return count
 
     def _poll_lean(self) -> int:

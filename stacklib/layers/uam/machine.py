@@ -562,6 +562,14 @@ class UamMachine:
         self._to_send = list(self._unacked)
         self._deadline = now + self.rto
 
+    def acknowledge_now(self) -> None:
+        """Advertise everything handled at the next :meth:`datagrams_to_send`, without
+        waiting for ``ack_delay`` or ``window // 2`` handled messages: the application is
+        about to stop polling for a while (a long computation), and a delayed acknowledgment
+        would wait for it while the peer's retransmission timer runs."""
+        if self._owed:
+            self._ack_now = True
+
     # ------------------------------------------------------------------ outputs
 
     def datagrams_to_send(self, now: float) -> list[bytes]:

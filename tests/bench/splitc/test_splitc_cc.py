@@ -57,6 +57,56 @@ def test_work_takes_the_count_from_the_result(monkeypatch: pytest.MonkeyPatch) -
         assert r.compute == 2.5
 
 
+def test_work_acknowledges_before_computations_longer_than_ack_delay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Real transports: a rank answers nobody while it computes, so Work sends the owed
+    # acknowledgments first, unless the same operation last took less than UAM's ack_delay
+    # (0.5 ms): then the delayed acknowledgment goes out in time anyway.
+    clock = FakeClock()
+    monkeypatch.setattr(Work, "clock", staticmethod(clock))
+    calls: list[str] = []
+    monkeypatch.setattr(SplitC, "acknowledge", lambda self: calls.append(f"{self.rank}") or 0)
+
+    def taking(seconds: float) -> Callable[[], None]:
+        def fn() -> None:
+            clock.now += seconds
+
+        return fn
+
+    async def program(sc: SplitC) -> RankResult:
+        work = Work(sc, None)
+        start = await work.begin()
+        if sc.rank == 0:
+            calls.append("long")
+            await work("edge", 1, taking(2.0))  # no history: acknowledges
+            await work("edge", 1, taking(2.0))  # the last one was long: acknowledges
+            calls.append("short")
+            await work("madd", 1, taking(1e-5))  # no history: acknowledges
+            await work("madd", 1, taking(1e-5))  # the last one took 10 us: does not
+            await work("madd", 1, taking(1e-5))
+            calls.append("end")
+        return await work.end(start, True)
+
+    run_spmd(program, 2, "memory")
+    assert calls == ["long", "0", "0", "short", "0", "end"]
+
+
+def test_work_does_not_acknowledge_on_a_simulated_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Simulated hosts serve their peers while they compute (SplitC.compute): nothing to do.
+    calls: list[int] = []
+    monkeypatch.setattr(SplitC, "acknowledge", lambda self: calls.append(self.rank) or 0)
+
+    async def program(sc: SplitC) -> RankResult:
+        work = Work(sc, None)
+        start = await work.begin()
+        await work("edge", 1, lambda: None)
+        return await work.end(start, True)
+
+    run = run_spmd(program, 2, "sim-atm")
+    assert all(r.ok for r in run.results) and calls == []
+
+
 def test_cc_computation_is_the_time_of_its_sweeps(monkeypatch: pytest.MonkeyPatch) -> None:
     # Each sweep to a fixed point moves the clock by one second.  Work times its function
     # alone (the function does not yield), so the ranks' computation adds up to the sweeps
