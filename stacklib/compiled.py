@@ -54,6 +54,7 @@ __all__ = [
     "cache_root",
     "can_build",
     "mypyc_attr",
+    "prune",
     "remove",
     "source_hash",
     "worker_environment",
@@ -80,6 +81,9 @@ HOT_MODULES: tuple[str, ...] = (
     "layers/splitc/wire.py",
 )
 ENVIRONMENT = "STACKLIB_COMPILED"
+#: Compiled copies kept after a build: the new one and the most recently built others (each
+#: is some 20 MB, and every edit of the sources makes a new one).
+KEEP_COPIES = 3
 _HASH_FILE = "SOURCE_HASH"
 
 
@@ -184,7 +188,26 @@ def build(progress: Callable[[str], None] | None = None) -> Path:
         shutil.rmtree(work, ignore_errors=True)
     if not _complete(final, digest):
         raise RuntimeError(f"the compiled copy in {final} is incomplete")
+    prune(keep=KEEP_COPIES, current=final)
     return final
+
+
+def prune(keep: int = KEEP_COPIES, current: Path | None = None) -> list[Path]:
+    """Delete all but the ``keep`` most recently built compiled copies (``current`` always
+    stays); returns what was removed.  Builds in progress are left alone."""
+    root = cache_root()
+    if not root.is_dir():
+        return []
+    copies = [
+        path
+        for path in root.iterdir()
+        if path.is_dir() and len(path.name) == 64 and (path / _HASH_FILE).is_file()
+    ]
+    copies.sort(key=lambda path: (path == current, (path / _HASH_FILE).stat().st_mtime))
+    stale = copies[: max(0, len(copies) - max(keep, 1))]
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
 
 
 def remove() -> list[Path]:

@@ -89,6 +89,25 @@ def test_a_copy_that_does_not_match_the_sources_is_not_used(
     assert compiled._activate(path) is None
 
 
+def test_prune_keeps_the_most_recent_copies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STACKLIB_CACHE", str(tmp_path))
+    root = compiled.cache_root()
+    copies = []
+    for age in range(5):  # copies[0] is the oldest
+        copy = root / (f"{age:x}" * 64)
+        copy.mkdir(parents=True)
+        (copy / "SOURCE_HASH").write_text(copy.name + "\n")
+        os.utime(copy / "SOURCE_HASH", (1000 + age, 1000 + age))
+        copies.append(copy)
+    building = root / f"{'f' * 64}.building-123"  # another process's build: left alone
+    building.mkdir()
+    # The copy in use stays even when it is the oldest.
+    removed = compiled.prune(keep=2, current=copies[0])
+    assert removed == copies[1:4]
+    assert sorted(root.iterdir()) == sorted([copies[0], copies[4], building])
+    assert compiled.prune(keep=2) == []
+
+
 def test_a_copy_this_process_may_not_read_is_not_used(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
