@@ -89,7 +89,9 @@ def test_a_copy_that_does_not_match_the_sources_is_not_used(
     assert compiled._activate(path) is None
 
 
-def test_prune_keeps_the_most_recent_copies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_prune_keeps_the_most_recent_copies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("STACKLIB_CACHE", str(tmp_path))
     root = compiled.cache_root()
     copies = []
