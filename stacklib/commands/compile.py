@@ -32,7 +32,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     print(f"compiled {len(compiled.HOT_MODULES)} modules into {copy}")
     print(
         f"runs with {compiled.ENVIRONMENT}=1 use it; stacklib splitc table1 and "
-        "stacklib reproduce --full use it in their worker processes"
+        "stacklib reproduce --full use it in their worker processes, stacklib splitc run "
+        "in its real ranks"
     )
     return 0
 

@@ -7,11 +7,13 @@
 ``--transport`` is ``memory`` (one process, real time), a simulated cluster (``sim-atm``,
 ``sim-fe``, virtual time) or machine (``unet-atm``, ``atm-003``, ``fe-003``, ``cm5``,
 ``meiko``: computation charged from the machine's costs), or ``shm``/``udp``: N real
-processes started like ``stacklib spawn``.  ``--transport udp --netns`` puts each rank in its
-own network namespace, the namespaces joined by a bridge (needs CAP_NET_ADMIN; everything is
-deleted afterwards).  ``table1`` simulates the runs of paper 003 Table 1 in a process pool
-(stacklib.experiments.splitc.run_cells), at scaled sizes unless ``--full``, and compares the
-total wall time with the 814 s the 1996 clusters took.  docs/splitc.md describes the programs.
+processes started like ``stacklib spawn``, which run the compiled hot path of ``stacklib
+compile`` where there is a copy (``--pure``: never).  ``--transport udp --netns`` puts each
+rank in its own network namespace, the namespaces joined by a bridge (needs CAP_NET_ADMIN;
+everything is deleted afterwards).  ``table1`` simulates the runs of paper 003 Table 1 in a
+process pool (stacklib.experiments.splitc.run_cells), at scaled sizes unless ``--full``, and
+compares the total wall time with the 814 s the 1996 clusters took.  docs/splitc.md describes
+the programs.
 """
 
 from __future__ import annotations
@@ -80,19 +82,38 @@ def cmd_run(args: argparse.Namespace) -> int:
     return status
 
 
+def rank_environment(pure: bool) -> dict[str, str]:
+    """The real ranks' environment: this process's, with the compiled hot path (``stacklib
+    compile``) where a copy of these sources exists, unless ``pure``; says which on stderr."""
+    from stacklib import compiled
+
+    env = dict(os.environ)
+    extra = None if pure else compiled.worker_environment()
+    if extra:
+        env.update(extra)
+        where = extra[compiled.ENVIRONMENT]
+        print(f"ranks run the compiled hot path in {where} (stacklib compile)", file=sys.stderr)
+    else:
+        env[compiled.ENVIRONMENT] = "0"
+        hint = "" if pure else " (`stacklib compile` makes a blocking write about 1.7x faster)"
+        print(f"ranks run the pure Python modules{hint}", file=sys.stderr)
+    return env
+
+
 def _run_real(args: argparse.Namespace) -> int:
     from stacklib.launch import spawn
 
     if args.netns and args.transport != "udp":
         print(f"stacklib splitc: --netns applies to udp, not {args.transport}", file=sys.stderr)
         return 2
+    environment = rank_environment(args.pure)
     rank_args = [args.benchmark, f"--seed={args.seed}"]
     if args.small:
         rank_args.append("--small")
     if args.size:
         rank_args.append("--size=" + ",".join(str(s) for s in args.size))
     if args.netns:
-        return _run_netns(args, rank_args)
+        return _run_netns(args, rank_args, environment)
     with tempfile.TemporaryFile("w+") as out:
         # Rank 0 prints its JSON line; spawn passes the ranks our stdout, so capture it by
         # running spawn in a child whose stdout is the file.
@@ -103,7 +124,7 @@ def _run_real(args: argparse.Namespace) -> int:
             f"sys.exit(spawn({args.n}, 'stacklib.bench.splitc.rank', {rank_args!r}, "
             f"transport={args.transport!r}))",
         ]
-        status = subprocess.run(command, stdout=out, check=False).returncode
+        status = subprocess.run(command, stdout=out, env=environment, check=False).returncode
         out.seek(0)
         lines = [line for line in out.read().splitlines() if line.startswith("[")]
     del spawn  # imported to fail early if the launcher is unavailable
@@ -141,7 +162,7 @@ def _bridged_namespaces(stack: contextlib.ExitStack, n: int) -> tuple[list[str],
     return spaces, addresses
 
 
-def _run_netns(args: argparse.Namespace, rank_args: list[str]) -> int:
+def _run_netns(args: argparse.Namespace, rank_args: list[str], environment: dict[str, str]) -> int:
     """Run the ranks over udp, each in its own network namespace; namespaces, rendezvous
     directory and ranks are gone when this returns, also on failure."""
     from stacklib.netns import NetnsError, capability_problem, netns_argv
@@ -168,7 +189,7 @@ def _run_netns(args: argparse.Namespace, rank_args: list[str]) -> int:
         stack.callback(_stop_all, ranks)
         for rank in range(args.n):
             env = dict(
-                os.environ,
+                environment,
                 STACKLIB_RANK=str(rank),
                 STACKLIB_SIZE=str(args.n),
                 STACKLIB_RENDEZVOUS=rendezvous,
@@ -444,6 +465,11 @@ def add_commands(commands: argparse._SubParsersAction[Any]) -> None:
         default=1800.0,
         help="--netns: seconds before the ranks are stopped (default 1800; 8 ranks of the "
         "paper-size sorts on 2 cores take minutes)",
+    )
+    run.add_argument(
+        "--pure",
+        action="store_true",
+        help="shm/udp: the ranks never run the compiled hot path of `stacklib compile`",
     )
     run.set_defaults(func=cmd_run)
     table = sub.add_parser(

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from stacklib import netns
+from stacklib import compiled, netns
 from stacklib.cli import main as cli_main
-from stacklib.commands.splitc import NETNS_PREFIX
+from stacklib.commands.splitc import NETNS_PREFIX, rank_environment
 
 
 def _ours() -> list[str]:
@@ -20,6 +20,37 @@ def test_udp_on_loopback_with_three_ranks(capsys: pytest.CaptureFixture[str]) ->
     assert status == 0, out
     assert "mm4x4 on 3 ranks over udp: verified" in out
     assert "communication" in out
+
+
+@pytest.mark.parametrize("copy", [None, "/cache/compiled/abc"])
+def test_real_ranks_run_the_compiled_copy_unless_pure(
+    copy: str | None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    found = None if copy is None else {compiled.ENVIRONMENT: copy}
+    monkeypatch.setattr(compiled, "worker_environment", lambda: found)
+    monkeypatch.setenv("STACKLIB_SOMETHING", "kept")
+    env = rank_environment(pure=False)
+    err = capsys.readouterr().err
+    assert env["STACKLIB_SOMETHING"] == "kept"
+    if copy is None:
+        assert env[compiled.ENVIRONMENT] == "0"
+        assert "pure Python modules (`stacklib compile`" in err
+    else:
+        assert env[compiled.ENVIRONMENT] == copy
+        assert f"compiled hot path in {copy}" in err
+    # --pure: never, also where this process was started with STACKLIB_COMPILED=1.
+    monkeypatch.setenv(compiled.ENVIRONMENT, "1")
+    env = rank_environment(pure=True)
+    assert env[compiled.ENVIRONMENT] == "0"
+    assert "ranks run the pure Python modules\n" in capsys.readouterr().err
+
+
+def test_a_pure_run_over_shm(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["splitc", "run", "rsortsm", "--transport", "shm", "--small", "--pure"]
+    assert cli_main(argv) == 0
+    captured = capsys.readouterr()
+    assert "rsortsm on 2 ranks over shm: verified" in captured.out
+    assert "ranks run the pure Python modules" in captured.err
 
 
 def test_netns_applies_to_udp_only(capsys: pytest.CaptureFixture[str]) -> None:
