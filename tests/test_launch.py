@@ -14,13 +14,16 @@ from pathlib import Path
 import pytest
 import trio
 
+from stacklib import launch
 from stacklib.launch import (
     LAUNCHER_VARIABLES,
     LaunchError,
     bootstrap,
     program_argv,
     rank_from_environment,
+    shm_spin_time,
 )
+from stacklib.transports.shm import SPIN_TIME
 
 TIMEOUT = 30
 
@@ -134,6 +137,28 @@ def test_launcher_variables_map_to_rank_and_size() -> None:
             rank_from_environment(bad)
     with pytest.raises(LaunchError, match="STACKLIB_RENDEZVOUS"):
         bootstrap({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"})
+
+
+def test_shm_ranks_spin_only_while_each_can_have_a_cpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert 1 <= launch.usable_cpus() <= (os.cpu_count() or 1)
+    monkeypatch.setattr(launch, "usable_cpus", lambda: 2)
+    assert shm_spin_time(1, {}) == shm_spin_time(2, {}) == SPIN_TIME > 0
+    assert shm_spin_time(3, {}) == shm_spin_time(8, {}) == 0.0
+    # STACKLIB_SPIN_US decides where it is set.
+    assert shm_spin_time(8, {"STACKLIB_SPIN_US": "200"}) == pytest.approx(200e-6)
+    assert shm_spin_time(2, {"STACKLIB_SPIN_US": "0"}) == 0.0
+    for bad in ("x", "-1", "nan"):
+        with pytest.raises(LaunchError, match="STACKLIB_SPIN_US"):
+            shm_spin_time(2, {"STACKLIB_SPIN_US": bad})
+    # bootstrap gives the rank's network the spin for the number of ranks.
+    for size, spin in ((2, SPIN_TIME), (4, 0.0)):
+        env = {"STACKLIB_RANK": "0", "STACKLIB_SIZE": str(size)}
+        env |= {"STACKLIB_RENDEZVOUS": str(tmp_path), "STACKLIB_TRANSPORT": "shm"}
+        with bootstrap(env) as me:
+            assert me.network.spin_time == spin
+            assert me.endpoint.ni.spin_time == spin
 
 
 def test_program_is_a_file_or_a_module(tmp_path: Path) -> None:

@@ -883,6 +883,11 @@ ShmNI.endpoint_class = ShmEndpoint
 # ==================================================================== the network
 
 
+#: Seconds a blocking call polls before it sleeps (PERFORMANCE-NOTES: wake-ups across CPUs
+#: cost 27-65 us, so spinning about that long first is cheaper on a busy channel).
+SPIN_TIME = 50e-6
+
+
 class ShmNetwork:
     """Nodes whose endpoints talk through shared memory in ``directory``.
 
@@ -903,7 +908,7 @@ class ShmNetwork:
         max_message: int = 65535,
         inline_threshold: int = 64,
         alignment: int = 8,
-        spin_time: float = 50e-6,
+        spin_time: float = SPIN_TIME,
         max_sleep: float = 0.02,
         broker: ChannelBroker | None = None,
     ) -> None:
@@ -915,8 +920,7 @@ class ShmNetwork:
         self.spec = RegionSpec(ring_bytes, max_message)
         self.inline_threshold = inline_threshold
         self.alignment = alignment
-        #: Seconds a blocking call polls before it sleeps (PERFORMANCE-NOTES: wake-ups across
-        #: CPUs cost 27-65 us, so spinning about that long first is cheaper on a busy channel).
+        #: Seconds a blocking call polls before it sleeps (:data:`SPIN_TIME`).
         self.spin_time = spin_time
         #: Longest sleep before re-checking rings and peers (bounds a lost wake-up).
         self.max_sleep = max_sleep
@@ -1157,7 +1161,7 @@ class ShmParams:
     ring_bytes: int = attrs.field(default=1 << 20, validator=attrs.validators.ge(4096))
     max_message: int = attrs.field(default=65535, validator=attrs.validators.ge(1))
     inline_threshold: int = attrs.field(default=64, validator=attrs.validators.ge(0))
-    spin_us: float = attrs.field(default=50.0, validator=attrs.validators.ge(0.0))
+    spin_us: float = attrs.field(default=SPIN_TIME * 1e6, validator=attrs.validators.ge(0.0))
     max_sleep_ms: float = attrs.field(default=20.0, validator=attrs.validators.gt(0.0))
 
 
