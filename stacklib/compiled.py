@@ -61,8 +61,8 @@ __all__ = [
 ]
 
 #: Compiled, relative to the package: the modules every simulated message passes through (the
-#: simulator, the U-Net NI and endpoint, the simulated NIs and fabric, UAM, Split-C's wire
-#: format).  Their classes that other modules subclass carry ``mypyc_attr``.
+#: simulator, the U-Net NI and endpoint, the simulated NIs and fabric, UAM, Split-C's runtime
+#: and wire format).  Their classes that other modules subclass carry ``mypyc_attr``.
 HOT_MODULES: tuple[str, ...] = (
     "sim/pipeline.py",
     "sim/resources.py",
@@ -79,6 +79,7 @@ HOT_MODULES: tuple[str, ...] = (
     "layers/uam/machine.py",
     "layers/uam/driver.py",
     "layers/splitc/wire.py",
+    "layers/splitc/runtime.py",
 )
 ENVIRONMENT = "STACKLIB_COMPILED"
 #: Compiled copies kept after a build: the new one and the most recently built others (each

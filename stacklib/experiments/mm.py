@@ -36,6 +36,7 @@ import attrs
 import numpy as np
 import trio
 
+from stacklib.errors import ConfigError
 from stacklib.reproduce import Experiment, Figure, register_experiment
 from stacklib.sim import CostProfile, Host, Simulation
 from stacklib.transports.sim.mm import (
@@ -642,10 +643,20 @@ class SplitcTracer:
 
     @contextmanager
     def installed(self) -> Iterator[SplitcTracer]:
-        """Trace every Split-C rank created inside the ``with`` block."""
+        """Trace every Split-C rank created inside the ``with`` block (pure modules only)."""
+        import stacklib
         from stacklib.layers.splitc import SplitC
         from stacklib.layers.uam import UamService
 
+        if stacklib.COMPILED is not None:
+            # Compiled Split-C calls UAM and its own methods directly, past these hooks:
+            # the trace would come out empty.
+            raise ConfigError(
+                "STACKLIB_COMPILED",
+                stacklib.COMPILED,
+                "the Split-C buffer trace hooks the interpreted classes: run it with "
+                "STACKLIB_COMPILED=0",
+            )
         tracer = self
         saved: list[tuple[type, str, Any]] = []
 

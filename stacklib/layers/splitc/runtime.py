@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal, cast
 
 import attrs
@@ -171,23 +171,27 @@ class Pending:
         self.done = True
 
 
-@attrs.define
 class _Region:
-    index: int
-    name: str
-    array: npt.NDArray[Any]  # flat view of the user's array
-    uam_id: int
-    sizes: tuple[int, ...]  # elements on each rank
-    #: The array's bytes and element size, looked up once: a scalar access through them
-    #: costs a memoryview slice, not numpy views and array construction.
-    raw: memoryview = attrs.field(init=False)
-    itemsize: int = attrs.field(init=False)
-    scalar_type: type = attrs.field(init=False)
+    """One registered region: its index, name and flat array, UAM's id for it, and the
+    number of elements on each rank (known after the collective exchange)."""
 
-    def __attrs_post_init__(self) -> None:
-        self.raw = self.array.view(np.uint8).data
-        self.itemsize = int(self.array.itemsize)
-        self.scalar_type = self.array.dtype.type
+    # A plain class: mypyc does not compile an attrs class with a memoryview field.
+    def __init__(
+        self, index: int, name: str, array: npt.NDArray[Any], uam_id: int, sizes: tuple[int, ...]
+    ) -> None:
+        self.index = index
+        self.name = name
+        self.array = array  # flat view of the user's array
+        self.uam_id = uam_id
+        self.sizes = sizes  # elements on each rank
+        # The array's bytes and element size, looked up once: a scalar access through them
+        # costs a memoryview slice, not numpy views and array construction.
+        self.raw: memoryview = array.view(np.uint8).data
+        self.itemsize = int(array.itemsize)
+        self.scalar_type: type = array.dtype.type
+
+    def __repr__(self) -> str:
+        return f"<Split-C region {self.index} {self.name!r}, {len(self.array)} elements>"
 
 
 class SplitC(Service):
@@ -613,11 +617,9 @@ class SplitC(Service):
         await self.barrier()
         self._stored = 0
 
-    @asynccontextmanager
-    async def split_phase(self) -> AsyncIterator[SplitC]:
+    def split_phase(self) -> AbstractAsyncContextManager[SplitC]:
         """``async with sc.split_phase():`` start gets and puts; they complete on exit."""
-        yield self
-        await self.sync()
+        return _SplitPhase(self)
 
     # ------------------------------------------------------------------ collectives
 
@@ -833,8 +835,7 @@ def _scalar(array: npt.NDArray[Any]) -> Any:
     return array.item() if array.ndim == 0 else array
 
 
-@asynccontextmanager
-async def open_splitc(
+def open_splitc(
     am: UamService,
     rank: int | None = None,
     channels: Mapping[int, int] | None = None,
@@ -842,7 +843,7 @@ async def open_splitc(
     cpu: Resource | None = None,
     slot_bytes: int = 64 * 1024,
     linger: float = 0.01,
-) -> AsyncIterator[SplitC]:
+) -> AbstractAsyncContextManager[SplitC]:
     """Run Split-C over ``am`` as ``rank``, with ``channels[r]`` the UAM peer of rank ``r``.
 
     Open it right after UAM, with no checkpoint in between (as ``open_stack`` does), so the
@@ -854,7 +855,34 @@ async def open_splitc(
         rank = int(os.environ.get("STACKLIB_RANK", "0"))
     if channels is None:
         raise LocalProtocolError("Split-C: channels (rank -> UAM peer) are required")
-    sc = SplitC(am, rank, channels, cpu=cpu, slot_bytes=slot_bytes)
-    await sc.barrier()
-    yield sc
-    await sc.finish(linger)
+    return _OpenSplitC(SplitC(am, rank, channels, cpu=cpu, slot_bytes=slot_bytes), linger)
+
+
+# The two context managers are classes, not @asynccontextmanager generators, so that mypyc
+# compiles this module (it does not compile async generators; stacklib/compiled.py).
+
+
+class _SplitPhase:
+    def __init__(self, sc: SplitC) -> None:
+        self._sc = sc
+
+    async def __aenter__(self) -> SplitC:
+        return self._sc
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        if exc_type is None:  # as a generator would: an error in the block skips the sync
+            await self._sc.sync()
+
+
+class _OpenSplitC:
+    def __init__(self, sc: SplitC, linger: float) -> None:
+        self._sc = sc
+        self._linger = linger
+
+    async def __aenter__(self) -> SplitC:
+        await self._sc.barrier()
+        return self._sc
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        if exc_type is None:
+            await self._sc.finish(self._linger)

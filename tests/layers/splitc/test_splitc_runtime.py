@@ -286,8 +286,18 @@ def test_split_phase_context_manager_and_spread_arrays() -> None:
         spread = await sc.all_spread("s", 5, np.int64)
         sc.local("s")[:] = [sc.rank * 100 + i for i in range(5)]
         await sc.barrier()
-        async with sc.split_phase():
+        async with sc.split_phase() as same:
+            assert same is sc
             handles = [await sc.get(spread[i]) for i in range(len(spread))]
+        assert all(h.done for h in handles)
+        # An error inside the block leaves without the sync: the refused get's error is
+        # still for the next sync to raise.
+        with pytest.raises(KeyError, match="inside"):
+            async with sc.split_phase():
+                await sc.get(sc.ptr((sc.rank + 1) % 3, "s", 99))
+                raise KeyError("inside")
+        with pytest.raises(SplitcAccessError, match="refused"):
+            await sc.sync()
         return [h.value for h in handles]
 
     run = run_spmd(program, 3, "memory")

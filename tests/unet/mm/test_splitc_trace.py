@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from stacklib.cli import main
-from stacklib.experiments.mm import fig3_results, record_splitc, scaled_sizes
+from stacklib.errors import ConfigError
+from stacklib.experiments.mm import SplitcTracer, fig3_results, record_splitc, scaled_sizes
 from stacklib.layers.splitc import SplitC
 from stacklib.layers.uam import UamService
 from stacklib.unet.mm.layout import HEAP_PAGE, SMALL_SLOTS, ProcessLayout
@@ -114,3 +115,12 @@ def test_cli_records_a_splitc_trace_and_plots_fig3(
     assert "256+16" in capsys.readouterr().out
     assert main(["trace", "record", "-o", str(trace)]) == 2
     assert "RECIPE or --splitc" in capsys.readouterr().err
+
+
+def test_the_trace_refuses_compiled_splitc(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Compiled Split-C would call past the hooks and the trace would come out empty.
+    import stacklib
+
+    monkeypatch.setattr(stacklib, "COMPILED", "/some/compiled/copy")
+    with pytest.raises(ConfigError, match="STACKLIB_COMPILED=0"), SplitcTracer().installed():
+        pass
