@@ -194,18 +194,12 @@ def shm_spin_time(size: int, env: Mapping[str, str] | None = None) -> float:
 
 
 def _bootstrap_shm(
-    rank: int,
-    size: int,
-    directory: str,
-    config: EndpointConfig | None = None,
-    spin_time: float | None = None,
+    rank: int, size: int, directory: str, config: EndpointConfig | None, spin_time: float
 ) -> Rank:
     from stacklib.transports.shm import ShmAddress, ShmNetwork
 
     if not os.path.isdir(directory):
         raise LaunchError(f"STACKLIB_RENDEZVOUS={directory!r} is not a directory")
-    if spin_time is None:
-        spin_time = shm_spin_time(size)
     network = ShmNetwork(directory=directory, spin_time=spin_time)
     try:
         node = network.add_node(f"rank{rank}")
