@@ -11,7 +11,7 @@
 * ``paper003_fig6_bandwidth.png``: U-Net/FE on a hub and the PCA-200 from OC-3 to TAXI, with
   the links' payload limits (paper 003 Fig 6 = paper 001 Fig 7);
 * ``paper000_fig6_rtt.png`` to ``paper000_fig9_rtt.png``: UDP and TCP over U-Net against the
-  modeled SunOS kernel path (paper 000 Figs 6-9; drawn by :mod:`stacklib.experiments.tcpip`).
+  modeled SunOS kernel path (paper 000 Figs 6-9; the curves of :mod:`stacklib.experiments.tcpip`).
 
 Curves are measured in virtual time with the recipes of :mod:`stacklib.experiments`; the
 figures' own data is not in the papers' text, so the numbers the text states are overlaid as
@@ -30,8 +30,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from stacklib.experiments import tcpip
 from stacklib.experiments.network_interfaces import bandwidths, rtts
-from stacklib.experiments.tcpip import PLOTS as TCPIP_PLOTS
 from stacklib.transports.sim.fabric import cells
 from stacklib.transports.sim.links import (
     AAL5_TRAILER,
@@ -311,12 +311,113 @@ def paper003_fig6(directory: Path, sizes: Sizes = None) -> Path:
     return _save(figure, directory, "paper003_fig6_bandwidth.png")
 
 
+# ------------------------------------------------ paper 000 §7: kernel and U-Net IP
+
+
+#: Paper 000 Figs 6-9: each curve of stacklib.experiments.tcpip's colour and line style.
+TCPIP_STYLE = {
+    "U-Net UDP": ("tab:blue", "-"),
+    "U-Net TCP": ("tab:green", "-"),
+    "kernel UDP, ATM": ("tab:red", "-"),
+    "kernel UDP, Ethernet": ("tab:red", "--"),
+    "kernel TCP, ATM": ("tab:purple", "-"),
+    "kernel TCP, Ethernet": ("tab:purple", "--"),
+    "kernel UDP/ATM": ("tab:red", "-"),
+    "kernel TCP/ATM": ("tab:purple", "-"),
+    "kernel UDP/ATM, sender": ("tab:orange", ":"),
+    "kernel UDP/ATM, received": ("tab:red", "-"),
+}
+
+
+def _tcpip_figure(
+    directory: Path,
+    name: str,
+    title: str,
+    curves: Mapping[str, Points],
+    labels: tuple[str, str],
+    stated: Sequence[tuple[float, float, str, str, tuple[float, float]]] = (),
+    legend: Location = "upper left",
+) -> Path:
+    """One figure of paper 000 §7's curves (stacklib.experiments.tcpip)."""
+    figure, (axes,) = _new(title)
+    for label, points in curves.items():
+        colour, style = TCPIP_STYLE[label]
+        marker = "." if len(points) < 20 else None
+        _curve(axes, points, label, colour, linestyle=style, marker=marker)
+    for x, y, colour, text, offset in stated:
+        _paper(axes, x, y, colour, text, offset)
+    _finish(axes, *labels)
+    _legend(axes, legend)
+    return _save(figure, directory, name)
+
+
+def paper000_fig6(directory: Path, sizes: Sizes = None) -> Path:
+    """``paper000_fig6_rtt.png``: kernel UDP/TCP round trips, ATM against Ethernet."""
+    return _tcpip_figure(
+        directory,
+        "paper000_fig6_rtt.png",
+        "Paper 000 Fig 6: kernel TCP and UDP round trips over ATM and Ethernet "
+        "(SunOS 4.1.3 cost model)",
+        tcpip.fig6_curves(sizes or tcpip.RTT_SIZES),
+        ("message size (bytes)", "round-trip time (µs)"),
+    )
+
+
+def paper000_fig7(directory: Path, sizes: Sizes = None) -> Path:
+    """``paper000_fig7_udp_bandwidth.png``: UDP bandwidth vs size, the kernel's saw-tooth."""
+    curves = tcpip.fig7_curves(sizes or tcpip.UDP_BW_SIZES, sizes or tcpip.KERNEL_UDP_SIZES)
+    return _tcpip_figure(
+        directory,
+        "paper000_fig7_udp_bandwidth.png",
+        "Paper 000 Fig 7: UDP bandwidth vs message size (U-Net simulated; kernel model)",
+        curves,
+        ("message size (bytes)", "bandwidth (MB/s, 10⁶ bytes/s)"),
+        [(4096, 15.0, "tab:blue", "120 Mbit/s at 4 KB (U-Net, Table 3)", (-60, -40))],
+        "lower right",
+    )
+
+
+def paper000_fig8(directory: Path, sizes: Sizes = None) -> Path:
+    """``paper000_fig8_tcp_bandwidth.png``: TCP bandwidth vs window, U-Net and kernel."""
+    return _tcpip_figure(
+        directory,
+        "paper000_fig8_tcp_bandwidth.png",
+        "Paper 000 Fig 8: TCP bandwidth vs window (U-Net simulated, 2048-byte segments; "
+        "kernel model)",
+        tcpip.fig8_curves(sizes or tcpip.WINDOWS),
+        ("window (bytes)", "bandwidth (MB/s, 10⁶ bytes/s)"),
+        [
+            (8192, 14.5, "tab:green", "14-15 MB/s, 8 KB window (U-Net)", (25, -40)),
+            (65535, 9.5, "tab:purple", "9-10 MB/s even at 64 KB (kernel)", (-150, 25)),
+        ],
+        "lower right",
+    )
+
+
+def paper000_fig9(directory: Path, sizes: Sizes = None) -> Path:
+    """``paper000_fig9_rtt.png``: UDP and TCP round trips, U-Net against the kernel."""
+    return _tcpip_figure(
+        directory,
+        "paper000_fig9_rtt.png",
+        "Paper 000 Fig 9: UDP and TCP round trips (U-Net simulated, SBA-200; kernel model)",
+        tcpip.fig9_curves(sizes or tcpip.RTT_SIZES),
+        ("message size (bytes)", "round-trip time (µs)"),
+        [
+            (16, 138, "tab:blue", "138 µs UDP (Table 3)", (40, -10)),
+            (16, 157, "tab:green", "157 µs TCP (Table 3)", (40, 40)),
+        ],
+    )
+
+
 FIGURES: tuple[Callable[[Path], Path], ...] = (
     paper000_fig3,
     paper000_fig4,
     paper003_fig5,
     paper003_fig6,
-    *TCPIP_PLOTS,
+    paper000_fig6,
+    paper000_fig7,
+    paper000_fig8,
+    paper000_fig9,
 )
 
 

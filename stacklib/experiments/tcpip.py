@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from pathlib import Path
-from typing import Literal
 
 import trio
 
@@ -30,7 +28,6 @@ from stacklib.transports.sim import kernel as k
 from stacklib.unet import Endpoint, EndpointConfig, connect
 
 __all__ = [
-    "PLOTS",
     "SMALL",
     "TCP_SEGMENT_US",
     "UDP_DATAGRAM_US",
@@ -38,10 +35,6 @@ __all__ = [
     "fig7_curves",
     "fig8_curves",
     "fig9_curves",
-    "plot_fig6",
-    "plot_fig7",
-    "plot_fig8",
-    "plot_fig9",
     "unet_tcp_bandwidth",
     "unet_tcp_rtt",
     "unet_udp_bandwidth",
@@ -366,103 +359,3 @@ def fig9_curves(sizes: Sequence[int] = RTT_SIZES) -> dict[str, Curve]:
         "kernel UDP/ATM": {n: k.udp_rtt(n, k.ATM) for n in sizes},
         "kernel TCP/ATM": {n: k.tcp_rtt(n, k.ATM) for n in sizes if n <= k.ATM.mss},
     }
-
-
-_STYLE = {
-    "U-Net UDP": ("tab:blue", "-"),
-    "U-Net TCP": ("tab:green", "-"),
-    "kernel UDP, ATM": ("tab:red", "-"),
-    "kernel UDP, Ethernet": ("tab:red", "--"),
-    "kernel TCP, ATM": ("tab:purple", "-"),
-    "kernel TCP, Ethernet": ("tab:purple", "--"),
-    "kernel UDP/ATM": ("tab:red", "-"),
-    "kernel TCP/ATM": ("tab:purple", "-"),
-    "kernel UDP/ATM, sender": ("tab:orange", ":"),
-    "kernel UDP/ATM, received": ("tab:red", "-"),
-}
-
-
-def _draw(
-    directory: Path,
-    name: str,
-    title: str,
-    curves: dict[str, Curve],
-    labels: tuple[str, str],
-    stated: Sequence[tuple[float, float, str, str, tuple[float, float]]] = (),
-    legend: Literal["upper left", "lower right"] = "upper left",
-) -> Path:
-    """One figure with the look of stacklib.plots (needs matplotlib: stacklib[plot])."""
-    from stacklib import plots
-
-    figure, (axes,) = plots._new(title)
-    for label, points in curves.items():
-        colour, style = _STYLE[label]
-        marker = "." if len(points) < 20 else None
-        plots._curve(axes, points, label, colour, linestyle=style, marker=marker)
-    for x, y, colour, text, offset in stated:
-        plots._paper(axes, x, y, colour, text, offset)
-    plots._finish(axes, *labels)
-    plots._legend(axes, legend)
-    return plots._save(figure, directory, name)
-
-
-def plot_fig6(directory: Path, sizes: Sequence[int] | None = None) -> Path:
-    """``paper000_fig6_rtt.png``: kernel UDP/TCP round trips, ATM against Ethernet."""
-    return _draw(
-        directory,
-        "paper000_fig6_rtt.png",
-        "Paper 000 Fig 6: kernel TCP and UDP round trips over ATM and Ethernet "
-        "(SunOS 4.1.3 cost model)",
-        fig6_curves(sizes or RTT_SIZES),
-        ("message size (bytes)", "round-trip time (µs)"),
-    )
-
-
-def plot_fig7(directory: Path, sizes: Sequence[int] | None = None) -> Path:
-    """``paper000_fig7_udp_bandwidth.png``: UDP bandwidth vs size, the kernel's saw-tooth."""
-    curves = fig7_curves(sizes or UDP_BW_SIZES, sizes or KERNEL_UDP_SIZES)
-    return _draw(
-        directory,
-        "paper000_fig7_udp_bandwidth.png",
-        "Paper 000 Fig 7: UDP bandwidth vs message size (U-Net simulated; kernel model)",
-        curves,
-        ("message size (bytes)", "bandwidth (MB/s, 10⁶ bytes/s)"),
-        [(4096, 15.0, "tab:blue", "120 Mbit/s at 4 KB (U-Net, Table 3)", (-60, -40))],
-        "lower right",
-    )
-
-
-def plot_fig8(directory: Path, sizes: Sequence[int] | None = None) -> Path:
-    """``paper000_fig8_tcp_bandwidth.png``: TCP bandwidth vs window, U-Net and kernel."""
-    return _draw(
-        directory,
-        "paper000_fig8_tcp_bandwidth.png",
-        "Paper 000 Fig 8: TCP bandwidth vs window (U-Net simulated, 2048-byte segments; "
-        "kernel model)",
-        fig8_curves(sizes or WINDOWS),
-        ("window (bytes)", "bandwidth (MB/s, 10⁶ bytes/s)"),
-        [
-            (8192, 14.5, "tab:green", "14-15 MB/s, 8 KB window (U-Net)", (25, -40)),
-            (65535, 9.5, "tab:purple", "9-10 MB/s even at 64 KB (kernel)", (-150, 25)),
-        ],
-        "lower right",
-    )
-
-
-def plot_fig9(directory: Path, sizes: Sequence[int] | None = None) -> Path:
-    """``paper000_fig9_rtt.png``: UDP and TCP round trips, U-Net against the kernel."""
-    return _draw(
-        directory,
-        "paper000_fig9_rtt.png",
-        "Paper 000 Fig 9: UDP and TCP round trips (U-Net simulated, SBA-200; kernel model)",
-        fig9_curves(sizes or RTT_SIZES),
-        ("message size (bytes)", "round-trip time (µs)"),
-        [
-            (16, 138, "tab:blue", "138 µs UDP (Table 3)", (40, -10)),
-            (16, 157, "tab:green", "157 µs TCP (Table 3)", (40, 40)),
-        ],
-    )
-
-
-#: The figures ``stacklib reproduce --plots`` draws from this experiment.
-PLOTS: tuple[Callable[[Path], Path], ...] = (plot_fig6, plot_fig7, plot_fig8, plot_fig9)
