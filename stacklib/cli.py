@@ -159,10 +159,8 @@ def _bench_workload(args: argparse.Namespace) -> Any:
     recipe = load_recipe(args.recipe, args.set)
     kind = workload_kind(args.bench)
     top = recipe.layers[-1][0].provides if recipe.layers else None
-    if top is not None and not issubclass(top, kind.requires):
-        raise ConfigError(
-            str(recipe.path), "layers", f"{kind.name} needs a {kind.requires.kind!r} service"
-        )
+    if top is not None and not kind.accepts(top):
+        raise ConfigError(str(recipe.path), "layers", f"{kind.name} needs a {kind.needs} service")
     base = recipe.workload_params if recipe.workload is kind else kind.Params()
     given = {
         name: value

@@ -50,7 +50,7 @@ import os
 import re
 import tomllib
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -62,8 +62,8 @@ from stacklib.bench import Result, Session, WorkloadKind, workload_kind
 from stacklib.config import structure
 from stacklib.errors import AssemblyError, ConfigError
 from stacklib.services import Service, UNetService
-from stacklib.sim import CostProfile, RealWorld, Simulation, World
-from stacklib.stack import Layer, check_fit, layer_class, open_stack
+from stacklib.sim import CostProfile, RealWorld, Resource, Simulation, World
+from stacklib.stack import Layer, Placement, check_fit, layer_class, open_stacks
 from stacklib.transports import TransportKind, transport_kind
 from stacklib.unet import Endpoint, EndpointConfig, connect
 
@@ -315,11 +315,11 @@ def parse_recipe(data: Mapping[str, object], where: str, path: Path | None = Non
     except AssemblyError as error:
         raise ConfigError(where, "layers", str(error)) from None
     top = layer_objects[-1].provides if layer_objects else UNetService
-    if not issubclass(top, workload.requires):
+    if not workload.accepts(top):
         raise ConfigError(
             where,
             "workload.kind",
-            f"workload {workload_name!r} needs a {workload.requires.kind!r} service but the "
+            f"workload {workload_name!r} needs a {workload.needs} service but the "
             f"stack's top provides {top.kind!r}",
         )
     name = path.stem if path is not None else "recipe"
@@ -422,7 +422,9 @@ async def _run_workload(
     for i in range(len(nodes)):
         for j in range(i + 1, len(nodes)):
             peers[i][j], peers[j][i] = connect(endpoints[i], endpoints[j])
-    async with _open_stacks(recipe, endpoints, peers) as services:
+    simulated = isinstance(world, Simulation)
+    cpus = [node.host.resource("cpu") if simulated else None for node in nodes]
+    async with _open_stacks(recipe, endpoints, peers, cpus) as services:
         session = Session(world, network, services, peers)
         return await recipe.workload.run(session, params)
 
@@ -431,20 +433,19 @@ async def _run_workload(
 async def _open_stacks(
     recipe: Recipe,
     endpoints: Sequence[Endpoint],
-    channels: Sequence[Mapping[int, int]] | None = None,
+    channels: Sequence[Mapping[int, int]],
+    cpus: Sequence[Resource | None],
 ) -> AsyncIterator[list[Service]]:
-    """One stack per endpoint, each with its own layer objects (node ``i``'s parameters and,
-    given ``channels[i]``, its channel table)."""
-    async with AsyncExitStack() as stack:
-        services = [
-            await stack.enter_async_context(
-                open_stack(
-                    UNetService(ep),
-                    recipe.make_layers(i, channels[i] if channels is not None else None),
-                )
-            )
-            for i, ep in enumerate(endpoints)
-        ]
+    """One stack per endpoint, each with its own layer objects (node ``i``'s parameters, its
+    channel table and its place), opened side by side."""
+    stacks: list[tuple[Service, list[Layer]]] = []
+    for i, ep in enumerate(endpoints):
+        layers = recipe.make_layers(i, channels[i])
+        placement = Placement(node=i, nodes=len(endpoints), channels=channels[i], cpu=cpus[i])
+        for layer in layers:
+            layer.place(placement)
+        stacks.append((UNetService(ep), layers))
+    async with open_stacks(stacks) as services:
         yield services
 
 

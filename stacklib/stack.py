@@ -5,7 +5,8 @@ for its PDU, a sans-IO core holding the protocol state (events in; PDUs, deliver
 timer deadline out; no I/O, no clock), and a thin trio driver that feeds the core from the
 service below and offers a service above.  This module holds what every layer shares: the
 :class:`Layer` base class with its declared services, the registry that recipes name layers by,
-and :func:`open_stack`, which checks the fit and opens the layers in order.
+and :func:`open_stack`, which checks the fit and opens the layers in order (:func:`open_stacks`
+opens several side by side, for layers such as Split-C's whose opening waits for the peers).
 
 See docs/writing-a-layer.md for a layer written end to end.
 """
@@ -13,14 +14,33 @@ See docs/writing-a-layer.md for a layer written end to end.
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
+import attrs
 import trio
 
 from stacklib.errors import AssemblyError
 from stacklib.services import Service
+
+if TYPE_CHECKING:
+    from stacklib.sim import Resource
+
+
+@attrs.frozen
+class Placement:
+    """Where a stack runs among its peers, as a recipe knows it (:meth:`Layer.place`)."""
+
+    #: This stack's node: 0 .. ``nodes`` - 1 (a Split-C layer takes it as its rank).
+    node: int
+    #: How many nodes the recipe built.
+    nodes: int
+    #: Every other node's index -> the channel id of the endpoint below that reaches it.
+    channels: Mapping[int, int]
+    #: The node's simulated host CPU in virtual time, to charge modeled computation to; None in
+    #: real time.
+    cpu: Resource | None = None
 
 
 class Layer(abc.ABC):
@@ -40,6 +60,14 @@ class Layer(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<layer {self.name}>"
+
+    def place(self, placement: Placement) -> None:
+        """Learn where the stack runs before :meth:`open` (recipes call it on every layer).
+
+        Most layers need nothing of it; one that does (Split-C's rank and channel map) fills
+        what its parameters leave open, so a recipe need not spell each node out.
+        """
+        return None
 
     def require_below(self, below: Service) -> None:
         """Raise :class:`AssemblyError` unless ``below`` provides what this layer requires
@@ -153,3 +181,57 @@ async def open_stack(bottom: Service, layers: Sequence[Layer]) -> AsyncIterator[
                     f"{type(service).__name__}"
                 )
         yield service
+
+
+@asynccontextmanager
+async def open_stacks(
+    stacks: Sequence[tuple[Service, Sequence[Layer]]],
+) -> AsyncIterator[list[Service]]:
+    """Open several stacks side by side and yield their top services, in order.
+
+    Each stack opens and closes in a task of its own, all at once: a layer whose opening or
+    closing waits for its peers (Split-C's barriers) would hang :func:`open_stack` called for
+    one node after another.  An error opening any stack cancels the others and is raised as
+    itself, as is an error raised in the block.
+    """
+    count = len(stacks)
+    tops: list[Service | None] = [None] * count
+    all_open = trio.Event()
+    release = trio.Event()
+    opened = 0
+
+    async def hold(index: int, bottom: Service, layers: Sequence[Layer]) -> None:
+        nonlocal opened
+        async with open_stack(bottom, layers) as top:
+            tops[index] = top
+            opened += 1
+            if opened == count:
+                all_open.set()
+            await release.wait()
+
+    body_error: BaseException | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            for index, (bottom, layers) in enumerate(stacks):
+                nursery.start_soon(hold, index, bottom, layers, name=f"stack {index}")
+            if count == 0:
+                all_open.set()
+            await all_open.wait()
+            try:
+                yield [top for top in tops if top is not None]
+            except BaseException as error:
+                body_error = error
+            finally:
+                release.set()
+    except BaseExceptionGroup as group:
+        raise _first_error(group) from None
+    if body_error is not None:
+        raise body_error
+
+
+def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first leaf of ``group``: one node's error (the others' are usually the same)."""
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error

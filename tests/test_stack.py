@@ -1,16 +1,19 @@
-"""Stack assembly: services declared by layers must fit, or assembly names both sides."""
+"""Stack assembly: services declared by layers must fit, or assembly names both sides; several
+stacks open side by side."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 import attrs
 import pytest
+import trio
 
 from stacklib.errors import AssemblyError
 from stacklib.services import DatagramService, ReliableService, Service, StreamService, UNetService
-from stacklib.stack import Layer, check_fit, open_stack
+from stacklib.stack import Layer, check_fit, open_stack, open_stacks
 
 from .unet.conftest import make_pair
 
@@ -125,3 +128,76 @@ def test_unet_service_is_a_datagram_service() -> None:
     service = UNetService(p.ep_a)
     assert service.peers == [p.ch_a]
     assert service.max_message == 65535  # the NI's limit; the send pool holds 64 KiB
+
+
+class MeetLayer(Layer):
+    """Opens only when its peer has opened and closes only when its peer is closing, as
+    Split-C's barriers do."""
+
+    name = "test-meet"
+    requires = DatagramService
+    provides = DatagramService
+    Params = NoParams
+
+    def __init__(self, me: trio.Event, peer: trio.Event, log: list[str], fail: bool = False):
+        super().__init__()
+        self.me, self.peer, self.log, self.fail = me, peer, log, fail
+
+    @asynccontextmanager
+    async def open(self, below: Service) -> AsyncIterator[Service]:
+        assert isinstance(below, DatagramService)
+        self.me.set()
+        try:
+            await self.peer.wait()
+            if self.fail:
+                raise AssemblyError("this node cannot open")
+            self.log.append("open")
+            yield below
+        finally:
+            self.log.append("close")
+
+
+def _meeting(log: list[str], fail: bool = False) -> tuple[list[tuple[Service, list[Layer]]], Any]:
+    p = make_pair()
+    a, b = trio.Event(), trio.Event()
+    stacks: list[tuple[Service, list[Layer]]] = [
+        (UNetService(p.ep_a), [MeetLayer(a, b, log)]),
+        (UNetService(p.ep_b), [MeetLayer(b, a, log, fail=fail)]),
+    ]
+    return stacks, p
+
+
+async def test_open_stacks_opens_side_by_side(autojump_clock: object) -> None:
+    log: list[str] = []
+    stacks, p = _meeting(log)
+    # One after the other, the first stack waits for the second forever.
+    with trio.move_on_after(60) as waited:
+        async with open_stack(*stacks[0]):
+            pass
+    assert waited.cancelled_caught
+    log.clear()
+    stacks, p = _meeting(log)
+    async with open_stacks(stacks) as tops:
+        assert [top.peers for top in tops] == [[p.ch_a], [p.ch_b]]  # type: ignore[attr-defined]
+        assert log == ["open", "open"]
+    assert log == ["open", "open", "close", "close"]
+
+
+async def test_open_stacks_raises_one_nodes_error_as_itself(autojump_clock: object) -> None:
+    log: list[str] = []
+    stacks, _ = _meeting(log, fail=True)
+    with pytest.raises(AssemblyError, match="this node cannot open"):
+        async with open_stacks(stacks):
+            raise AssertionError("never reached: a stack failed to open")
+    assert log.count("close") == 2  # the other stack, opened or not, was closed
+
+
+async def test_open_stacks_raises_the_blocks_error_as_itself(autojump_clock: object) -> None:
+    log: list[str] = []
+    stacks, _ = _meeting(log)
+    with pytest.raises(KeyError, match="from the block"):
+        async with open_stacks(stacks):
+            raise KeyError("from the block")
+    assert log == ["open", "open", "close", "close"]
+    async with open_stacks([]) as none:
+        assert none == []

@@ -42,8 +42,18 @@ class WorkloadKind:
     run: Runner
     description: str
     nodes: int = 2
-    #: The service the workload drives (the stack's top must provide it).
-    requires: type[Service] = DatagramService
+    #: The service the workload drives (the stack's top must provide it), or several it can.
+    requires: type[Service] | tuple[type[Service], ...] = DatagramService
+
+    def accepts(self, top: type[Service]) -> bool:
+        """Whether the workload can drive a stack whose top provides ``top``."""
+        return issubclass(top, self.requires)
+
+    @property
+    def needs(self) -> str:
+        """The required service kinds, for messages: ``'reliable'`` or ``'reliable' or ..."""
+        wanted = self.requires if isinstance(self.requires, tuple) else (self.requires,)
+        return " or ".join(repr(service.kind) for service in wanted)
 
 
 WORKLOADS: dict[str, WorkloadKind] = {}

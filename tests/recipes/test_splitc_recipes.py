@@ -1,8 +1,10 @@
 """The ``splitc`` recipe workload: the shipped recipes run verified, a recipe gives the same
-times as run_spmd on the same machine, and bad parameters are ConfigErrors naming the key."""
+times as run_spmd on the same machine with the splitc layer or without it, and bad
+parameters are ConfigErrors naming the key."""
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import attrs
@@ -11,7 +13,7 @@ import pytest
 from stacklib.bench.splitc.cluster import run_spmd
 from stacklib.bench.splitc.programs import make_program
 from stacklib.bench.splitc.workload import SplitcWorkloadParams
-from stacklib.errors import ConfigError
+from stacklib.errors import AssemblyError, ConfigError
 from stacklib.recipes import load_recipe, parse_recipe, run_recipe, workload_nodes
 from stacklib.transports.sim.machines import MACHINES
 
@@ -44,8 +46,34 @@ def test_recipe_gives_run_spmds_times_on_the_same_machine() -> None:
     result = run_recipe(recipe, workload_params=params)
     program = make_program("ssortlg", small=True, machine=MACHINES["atm-003"], seed=1)
     run = run_spmd(program, params.nodes, "atm-003", seed=1)
-    assert [row["total_ms"] for row in result.rows] == [r.total * 1e3 for r in run.results]
-    assert [row["compute_ms"] for row in result.rows] == [r.compute * 1e3 for r in run.results]
+    # The same events at other absolute times: equal up to the last bits of the subtraction.
+    same = pytest.approx([r.total * 1e3 for r in run.results], rel=1e-12)
+    assert [row["total_ms"] for row in result.rows] == same
+    computed = pytest.approx([r.compute * 1e3 for r in run.results], rel=1e-12)
+    assert [row["compute_ms"] for row in result.rows] == computed
+
+
+def test_the_splitc_layer_or_the_workload_makes_the_same_ranks() -> None:
+    data = tomllib.loads((REPO_RECIPES / "splitc-fe.toml").read_text())
+    assert [layer["kind"] for layer in data["layers"]] == ["uam", "splitc"]
+    data["workload"].update(benchmark="rsortlg", small=True, nodes=4)
+    del data["workload"]["sizes"]
+    layered = run_recipe(parse_recipe(data, "layered.toml"))
+    data["layers"] = data["layers"][:1]  # UAM on top: the workload makes Split-C itself
+    made = run_recipe(parse_recipe(data, "made.toml"))
+    assert layered.facts["verified"] == made.facts["verified"] == "yes"
+    assert layered.rows == made.rows
+    assert layered.facts["total_s"] == made.facts["total_s"] > 0
+
+
+def test_a_rank_in_a_recipes_splitc_layer_is_refused() -> None:
+    data = _splitc(nodes=2)
+    data["layers"] = [{"kind": "uam"}, {"kind": "splitc", "rank": 1}]
+    recipe = parse_recipe(data, "ranked.toml")
+    with pytest.raises(
+        AssemblyError, match="node 0 was given rank 1: in a recipe node i is rank i"
+    ):
+        run_recipe(recipe)
 
 
 def test_fewer_nodes_than_the_recipe_builds_for() -> None:
@@ -90,11 +118,13 @@ def test_bad_parameters_name_the_key(workload: dict[str, object], key: str, reas
 def test_splitc_needs_uam_below_it() -> None:
     data = _splitc()
     data["layers"] = []  # raw U-Net is not a reliable service
-    with pytest.raises(ConfigError, match=r"workload\.kind: workload 'splitc' needs a 'reliable'"):
+    with pytest.raises(
+        ConfigError, match=r"workload\.kind: workload 'splitc' needs a 'reliable' or 'splitc'"
+    ):
         parse_recipe(data, "bad.toml")
     data["layers"] = [{"kind": "arq"}]  # reliable, but not active messages
     recipe = parse_recipe(data, "arq.toml")
-    with pytest.raises(ConfigError, match="layers: the splitc workload runs over UAM"):
+    with pytest.raises(ConfigError, match="layers: the splitc workload runs over Split-C or UAM"):
         run_recipe(recipe)
 
 

@@ -1,9 +1,10 @@
 """The ``splitc`` recipe workload: one Split-C benchmark program on the recipe's network.
 
 A recipe names the network (``[transport]``: ``sim-atm``, ``sim-fe``, ``memory``, ...), the
-endpoints (``[endpoint]``) and UAM (``[[layers]] kind = "uam"``); this workload opens Split-C
-over UAM on every node, runs the program SPMD, one rank per node, and reports each rank's
-verified result and times, as ``stacklib splitc run`` does::
+endpoints (``[endpoint]``) and the layers: UAM (``[[layers]] kind = "uam"``) and on it Split-C
+(``kind = "splitc"``, node i is rank i; left out, this workload makes Split-C over UAM
+itself, with the same results).  The workload runs the program SPMD, one rank per node, and
+reports each rank's verified result and times, as ``stacklib splitc run`` does::
 
     [workload]
     kind = "splitc"
@@ -32,7 +33,7 @@ import attrs
 from stacklib.bench import Session, WorkloadKind, register_workload
 from stacklib.bench.result import Column, Result
 from stacklib.errors import ConfigError
-from stacklib.services import ReliableService
+from stacklib.services import ReliableService, Service
 from stacklib.sim import Simulation
 
 __all__ = ["SPLITC", "SplitcWorkloadParams", "run_splitc"]
@@ -99,9 +100,12 @@ async def run_splitc(session: Session, params: SplitcWorkloadParams) -> Result:
     from stacklib.transports.sim.machines import MACHINES
 
     services = list(session.services)
-    if not all(isinstance(service, UamService) for service in services):
+    layered = all(isinstance(service, SplitC) for service in services)
+    if not layered and not all(isinstance(service, UamService) for service in services):
         raise ConfigError(
-            "recipe", "layers", "the splitc workload runs over UAM: end the layers with uam"
+            "recipe",
+            "layers",
+            "the splitc workload runs over Split-C or UAM: end the layers with splitc or uam",
         )
     machine = MACHINES[params.machine] if params.machine is not None else None
     program = make_program(
@@ -112,33 +116,45 @@ async def run_splitc(session: Session, params: SplitcWorkloadParams) -> Result:
         seed=session.world.seed,
     )
     simulated = isinstance(session.world, Simulation)
-    nodes = list(session.network.nodes.values())
+    if layered:
+        # The recipe's splitc layer made every rank (node i is rank i) and closes them.
+        ranks = [typing.cast(SplitC, service) for service in services]
+    else:
+        nodes = list(session.network.nodes.values())
+        # Every rank's Split-C before any checkpoint: the recipe opened UAM on every node
+        # already, and a request reaching a UAM whose Split-C handlers are not registered yet
+        # is dropped (open_splitc's rule, which holds here only if no rank starts before all
+        # are made).
+        ranks = [
+            SplitC(
+                typing.cast(UamService, service),
+                rank,
+                session.peers[rank],
+                cpu=nodes[rank].host.resource("cpu") if simulated else None,
+            )
+            for rank, service in enumerate(services)
+        ]
     # As run_spmd: long enough for UAM's delayed acknowledgments and one retransmission.
     linger = (SPLITC_UAM.ack_delay_us + SPLITC_UAM.rto_us) * 1e-6
-    # Every rank's Split-C before any checkpoint: the recipe opened UAM on every node already,
-    # and a request reaching a UAM whose Split-C handlers are not registered yet is dropped
-    # (open_splitc's rule, which holds here only if no rank starts before all are made).
-    ranks = [
-        SplitC(
-            typing.cast(UamService, service),
-            rank,
-            session.peers[rank],
-            cpu=nodes[rank].host.resource("cpu") if simulated else None,
-        )
-        for rank, service in enumerate(services)
-    ]
     results: list[RankResult | None] = [None] * len(ranks)
 
     async def rank_main(sc: SplitC) -> None:
         await sc.barrier()  # every rank is ready, as open_splitc
         results[sc.rank] = await program(sc)
-        await sc.finish(linger)
+        if not layered:
+            await sc.finish(linger)
 
     async with trio.open_nursery() as nursery:
         for sc in ranks:
             nursery.start_soon(rank_main, sc)
     done = [r for r in results if r is not None]
     return _result(params, done, "virtual" if simulated else "wall")
+
+
+def _splitc_service() -> type[Service]:
+    from stacklib.layers.splitc import SplitC
+
+    return SplitC
 
 
 def _result(params: SplitcWorkloadParams, results: list[Any], clock: str) -> Result:
@@ -187,6 +203,7 @@ SPLITC = register_workload(
         Params=SplitcWorkloadParams,
         run=run_splitc,
         description="a Split-C benchmark program (paper 000 §6, paper 003 §5.1), one rank per node",
-        requires=ReliableService,
+        # UAM (Split-C is made over it) or the splitc layer itself.
+        requires=(ReliableService, _splitc_service()),
     )
 )

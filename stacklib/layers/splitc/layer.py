@@ -1,4 +1,9 @@
-"""``SplitcLayer``: Split-C as a stack layer over UAM (``[[layers]] kind = "splitc"``)."""
+"""``SplitcLayer``: Split-C as a stack layer over UAM (``[[layers]] kind = "splitc"``).
+
+Its rank and rank -> channel map come, in this order, from the constructor (or ``rank`` in the
+recipe), from the recipe's placement (node ``i`` is rank ``i``, :meth:`SplitcLayer.place`), or
+from the launcher (``STACKLIB_RANK``, ascending peers are ascending ranks).
+"""
 
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ from stacklib.layers.splitc.runtime import SplitC, open_splitc
 from stacklib.layers.uam import UamService
 from stacklib.services import ReliableService, Service
 from stacklib.sim import Resource
-from stacklib.stack import Layer, register_layer
+from stacklib.stack import Layer, Placement, register_layer
 
 __all__ = ["SplitcLayer", "SplitcParams", "default_channels"]
 
@@ -33,7 +38,8 @@ def _positive(instance: object, attribute: attrs.Attribute[Any], value: object) 
 class SplitcParams:
     """Parameters of the Split-C layer."""
 
-    #: This process's rank; absent: ``STACKLIB_RANK`` (stacklib spawn sets it).
+    #: This stack's rank; absent: the recipe's node index, else ``STACKLIB_RANK`` (which
+    #: stacklib spawn sets).
     rank: int | None = attrs.field(default=None, validator=_optional_rank)
     #: Bytes each rank may contribute to one collective (broadcast, reduction, gather).
     slot_bytes: int = attrs.field(default=64 * 1024, validator=_positive)
@@ -69,6 +75,25 @@ class SplitcLayer(Layer):
         super().__init__(params)
         self.channels = channels
         self.cpu = cpu
+        self.placed_rank: int | None = None
+
+    def place(self, placement: Placement) -> None:
+        """Rank = the recipe's node index, channels = its channel table, CPU = its host's
+        (channels and CPU only where the constructor left them open).
+
+        A recipe's one ``[[layers]]`` table serves every node, so a ``rank`` in it could be
+        right for one node at most: it must be left out (or equal the node's index).
+        """
+        if self.params.rank is not None and self.params.rank != placement.node:
+            raise AssemblyError(
+                f"layer 'splitc' on node {placement.node} was given rank {self.params.rank}: "
+                "in a recipe node i is rank i, so leave rank out"
+            )
+        self.placed_rank = placement.node
+        if self.channels is None:
+            self.channels = dict(placement.channels)
+        if self.cpu is None:
+            self.cpu = placement.cpu
 
     @asynccontextmanager
     async def open(self, below: Service) -> AsyncIterator[SplitC]:
@@ -79,7 +104,12 @@ class SplitcLayer(Layer):
                 f"layer 'splitc' runs over UAM's Active Messages, got {type(below).__name__}"
             )
         p = self.params
-        rank = p.rank if p.rank is not None else int(os.environ.get("STACKLIB_RANK", "0"))
+        if p.rank is not None:
+            rank = p.rank
+        elif self.placed_rank is not None:
+            rank = self.placed_rank
+        else:
+            rank = int(os.environ.get("STACKLIB_RANK", "0"))
         channels = self.channels if self.channels is not None else default_channels(below, rank)
         async with open_splitc(
             below,
