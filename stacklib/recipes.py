@@ -57,6 +57,7 @@ from typing import Any, Literal
 import attrs
 import trio
 
+import stacklib.bench.mm_pingpong  # registers the mm-pingpong workload
 import stacklib.bench.splitc.workload  # noqa: F401  (registers the splitc workload)
 from stacklib.bench import Result, Session, WorkloadKind, workload_kind
 from stacklib.config import structure

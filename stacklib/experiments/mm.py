@@ -26,6 +26,7 @@ docs/memory-management.md has the table and how each figure was read.
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 from collections.abc import Awaitable, Callable, Iterator
@@ -36,6 +37,7 @@ import attrs
 import numpy as np
 import trio
 
+from stacklib.bench.mm_pingpong import ENDPOINT, Mode, mm_round_trip
 from stacklib.errors import ConfigError
 from stacklib.reproduce import Experiment, Figure, register_experiment
 from stacklib.sim import CostProfile, Host, Simulation
@@ -47,10 +49,8 @@ from stacklib.transports.sim.mm import (
     MmRecipeParams,
     build_atm_mm,
     build_fe_mm,
-    virtual,
 )
-from stacklib.unet import EndpointConfig, connect
-from stacklib.unet.endpoint import Endpoint
+from stacklib.unet import connect
 from stacklib.unet.mm import (
     PAGE_SIZE,
     AddressSpace,
@@ -71,7 +71,6 @@ from stacklib.unet.mm.driver import MmDriver
 from stacklib.unet.mm.layout import ProcessLayout
 from stacklib.unet.mm.tlbsim import TlbSimResult, simulate
 from stacklib.unet.mm.trace import TraceRecord
-from stacklib.wire.descriptor import Fragment, SendDescriptor
 
 US = 1e-6
 
@@ -398,15 +397,9 @@ def integrated_figures() -> list[Figure]:
 
 # ---------------------------------------------------------------------- the integrated NIs
 
-#: Where the ping-pong's buffers live in each process (page-aligned; any address would do).
-PINGPONG_BASE = 0x1000_0000
-#: A message larger than both NIs' inline thresholds (40 and 63 bytes), so it uses buffers.
-PINGPONG_SIZE = 64
 #: TLB of the forced-miss runs: small, so that it is full and every miss also unpins the entry
 #: it evicts, as in §6.1's "almost 50 us" (handshake, interrupt, pin and unpin).
 MISS_TLB = {"entries": 16, "victim": 8}
-
-Mode = Literal["segment", "hit", "send-miss", "recv-miss"]
 
 
 def integrated_rtt(
@@ -418,83 +411,32 @@ def integrated_rtt(
 ) -> tuple[float, dict[str, MmNIStatistics]]:
     """Mean descriptor-level ping-pong round trip (us) on the U-Net/MM NIs, and their stats.
 
-    ``segment``: buffers named by segment offset (the baseline path); ``hit``: by virtual
-    address, the same pages every time (TLB hits after the first); ``send-miss``: every send
-    from a fresh page; ``recv-miss``: every message into a fresh receive page posted just
-    before it arrives (so it is pre-translated on arrival).  Forced misses use a full TLB.
+    The buffer cases of :func:`stacklib.bench.mm_pingpong.mm_round_trip` (``segment``,
+    ``hit``, ``send-miss``, ``recv-miss``) of 64 bytes on a fresh two-node cluster; forced
+    misses use a full TLB (:data:`MISS_TLB`).
     """
     sim = Simulation(seed=0)
     names = ["a", "b"]
     tlb = MmRecipeParams(**MISS_TLB) if mode.endswith("miss") else MmRecipeParams()
-    # Two buffers kept translated of four posted: a hit run re-posts a buffer behind the
-    # window, so its pre-translation happens after a delivery, off the round trip.
     depth = 1 if mode == "recv-miss" else 2
     tlb = attrs.evolve(tlb, pretranslate=depth)
     if nic == "pca200":
         cluster = build_atm_mm(sim, AtmMmParams(mm=tlb), names, None)
     else:
         cluster = build_fe_mm(sim, FastEthernetMmParams(mm=tlb), names, None)
-    config = EndpointConfig(rx_buffers=0, tx_buffers=1, segment_size=64 * 1024)
     eps = [
-        node.os.create_endpoint(node.os.process(f"app@{n}"), config)
+        node.os.create_endpoint(node.os.process(f"app@{n}"), ENDPOINT)
         for n, node in cluster.nodes.items()
     ]
     channels = connect(eps[0], eps[1])
-    pages = 2 * (warmup + iterations) + 16
-    fresh = {id(ep): iter(range(8, pages)) for ep in eps}
-    nis: list[MemoryManagedNI] = []
-    for ep in eps:
-        ni = ep.ni
-        assert isinstance(ni, MemoryManagedNI)
-        nis.append(ni)
-        ni.address_space(ep).map(PINGPONG_BASE, pages * PAGE_SIZE)
-        if mode == "segment":
-            for k in range(4):
-                ep.post_free(Fragment(8192 + k * 1024, 1024))
-        elif mode == "recv-miss":
-            ep.post_free(virtual(PINGPONG_BASE + next(fresh[id(ep)]) * PAGE_SIZE, PAGE_SIZE))
-        else:
-            for k in range(4):
-                ep.post_free(virtual(PINGPONG_BASE + (1 + k) * PAGE_SIZE, PAGE_SIZE))
-
-    def source(ep: Endpoint) -> Fragment:
-        if mode == "segment":
-            return Fragment(0, PINGPONG_SIZE)
-        if mode == "send-miss":
-            page = next(fresh[id(ep)])
-            return virtual(PINGPONG_BASE + page * PAGE_SIZE, PINGPONG_SIZE)
-        return virtual(PINGPONG_BASE, PINGPONG_SIZE)
-
-    async def bounce(ep: Endpoint, channel: int) -> None:
-        descriptor = await ep.recv_descriptor()
-        if mode == "recv-miss":
-            ep.post_free(virtual(PINGPONG_BASE + next(fresh[id(ep)]) * PAGE_SIZE, PAGE_SIZE))
-        else:
-            ep.release(descriptor)
-        await ep.post(SendDescriptor(channel, (source(ep),)))
-
-    async def main() -> float:
-        async def echo() -> None:
-            for _ in range(warmup + iterations):
-                await bounce(eps[1], channels[1])
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(echo)
-            start = 0.0
-            for index in range(warmup + iterations):
-                if index == warmup:
-                    start = trio.current_time()
-                await eps[0].post(SendDescriptor(channels[0], (source(eps[0]),)))
-                descriptor = await eps[0].recv_descriptor()
-                if mode == "recv-miss":
-                    page = next(fresh[id(eps[0])])
-                    eps[0].post_free(virtual(PINGPONG_BASE + page * PAGE_SIZE, PAGE_SIZE))
-                else:
-                    eps[0].release(descriptor)
-            return (trio.current_time() - start) / iterations / US
-
-    rtt = sim.run(main)
-    return rtt, {ni.name: ni.statistics() for ni in nis}
+    rtt = sim.run(
+        functools.partial(mm_round_trip, size=64, iterations=iterations, warmup=warmup),
+        eps,
+        channels,
+        mode,
+    )
+    nis = [ep.ni for ep in eps]
+    return rtt / US, {ni.name: ni.statistics() for ni in nis if isinstance(ni, MemoryManagedNI)}
 
 
 register_experiment(
