@@ -57,16 +57,17 @@ from typing import Any, Literal
 import attrs
 import trio
 
-import stacklib.bench.mm_pingpong  # registers the mm-pingpong workload
-import stacklib.bench.splitc.workload  # noqa: F401  (registers the splitc workload)
 from stacklib.bench import Result, Session, WorkloadKind, workload_kind
+from stacklib.bench import mm_pingpong as _mm_pingpong  # noqa: F401  (registers mm-pingpong)
+from stacklib.bench.splitc import workload as _splitc_workload  # noqa: F401  (registers splitc)
 from stacklib.config import structure
 from stacklib.errors import AssemblyError, ConfigError
+from stacklib.layers.myrinet import transport as _myrinet_transports  # noqa: F401  (registers sim-myrinet-*)
 from stacklib.services import Service, UNetService
 from stacklib.sim import CostProfile, RealWorld, Resource, Simulation, World
 from stacklib.stack import Layer, Placement, check_fit, layer_class, open_stacks
 from stacklib.transports import TransportKind, transport_kind
-from stacklib.unet import Endpoint, EndpointConfig, connect
+from stacklib.unet import EndpointConfig, connect
 
 #: Where recipe names are looked up, in order: $STACKLIB_RECIPES (a path list), ./recipes,
 #: and the recipes/ folder next to the installed package (the repository's, for an editable
@@ -262,6 +263,13 @@ def parse_recipe(data: Mapping[str, object], where: str, path: Path | None = Non
         )
     transport_params = structure(transport.Params, params, where, "transport")
 
+    if transport.open_nodes is not None and "endpoint" in data:
+        raise ConfigError(
+            where,
+            "endpoint",
+            f"transport {kind_name!r} runs {transport.bottom.__name__} on its nodes, "
+            "not U-Net endpoints",
+        )
     endpoint_table = dict(_table(data, "endpoint", where))
     emulated = endpoint_table.pop("emulated", False)
     if not isinstance(emulated, bool):
@@ -312,10 +320,10 @@ def parse_recipe(data: Mapping[str, object], where: str, path: Path | None = Non
 
     layer_objects = [cls(p) for cls, p in layers]
     try:
-        check_fit(UNetService, layer_objects)
+        check_fit(transport.bottom, layer_objects)
     except AssemblyError as error:
         raise ConfigError(where, "layers", str(error)) from None
-    top = layer_objects[-1].provides if layer_objects else UNetService
+    top = layer_objects[-1].provides if layer_objects else transport.bottom
     if not workload.accepts(top):
         raise ConfigError(
             where,
@@ -413,19 +421,26 @@ async def _run_workload(
     recipe: Recipe, world: World, params: Any, network: Any, names: list[str]
 ) -> Result:
     nodes = [network.nodes[name] for name in names]
-    endpoints = [
-        node.os.create_endpoint(
-            node.os.process(f"{recipe.name}@{node.name}"), recipe.endpoint, emulated=recipe.emulated
-        )
-        for node in nodes
-    ]
-    peers: list[dict[int, int]] = [{} for _ in nodes]
-    for i in range(len(nodes)):
-        for j in range(i + 1, len(nodes)):
-            peers[i][j], peers[j][i] = connect(endpoints[i], endpoints[j])
+    bottoms: list[Service]
+    if recipe.transport.open_nodes is not None:
+        bottoms, peers = recipe.transport.open_nodes(network, recipe.transport_params)
+    else:
+        endpoints = [
+            node.os.create_endpoint(
+                node.os.process(f"{recipe.name}@{node.name}"),
+                recipe.endpoint,
+                emulated=recipe.emulated,
+            )
+            for node in nodes
+        ]
+        peers = [{} for _ in nodes]
+        for i in range(len(nodes)):
+            for j in range(i + 1, len(nodes)):
+                peers[i][j], peers[j][i] = connect(endpoints[i], endpoints[j])
+        bottoms = [UNetService(ep) for ep in endpoints]
     simulated = isinstance(world, Simulation)
     cpus = [node.host.resource("cpu") if simulated else None for node in nodes]
-    async with _open_stacks(recipe, endpoints, peers, cpus) as services:
+    async with _open_stacks(recipe, bottoms, peers, cpus) as services:
         session = Session(world, network, services, peers)
         return await recipe.workload.run(session, params)
 
@@ -433,19 +448,19 @@ async def _run_workload(
 @asynccontextmanager
 async def _open_stacks(
     recipe: Recipe,
-    endpoints: Sequence[Endpoint],
+    bottoms: Sequence[Service],
     channels: Sequence[Mapping[int, int]],
     cpus: Sequence[Resource | None],
 ) -> AsyncIterator[list[Service]]:
-    """One stack per endpoint, each with its own layer objects (node ``i``'s parameters, its
-    channel table and its place), opened side by side."""
+    """One stack per node over its bottom service, each with its own layer objects (node
+    ``i``'s parameters, its channel table and its place), opened side by side."""
     stacks: list[tuple[Service, list[Layer]]] = []
-    for i, ep in enumerate(endpoints):
+    for i, bottom in enumerate(bottoms):
         layers = recipe.make_layers(i, channels[i])
-        placement = Placement(node=i, nodes=len(endpoints), channels=channels[i], cpu=cpus[i])
+        placement = Placement(node=i, nodes=len(bottoms), channels=channels[i], cpu=cpus[i])
         for layer in layers:
             layer.place(placement)
-        stacks.append((UNetService(ep), layers))
+        stacks.append((bottom, layers))
     async with open_stacks(stacks) as services:
         yield services
 

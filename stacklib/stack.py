@@ -74,9 +74,8 @@ class Layer(abc.ABC):
         (for layers opened directly, without :func:`open_stack`'s check)."""
         if not isinstance(below, self.requires):
             kind = self.requires.kind
-            article = "an" if kind[0] in "aeiou" else "a"
             raise AssemblyError(
-                f"layer {self.name!r} requires {article} {kind!r} service "
+                f"layer {self.name!r} requires {_a(kind)} {kind!r} service "
                 f"({self.requires.__name__}), got {type(below).__name__}"
             )
 
@@ -148,16 +147,22 @@ def _import_builtin_layers() -> None:
     import stacklib.layers  # noqa: F401
 
 
+def _a(word: str) -> str:
+    """The indefinite article for ``word``."""
+    return "an" if word[:1] in ("a", "e", "i", "o", "u") else "a"
+
+
 def check_fit(bottom: type[Service], layers: Sequence[Layer], bottom_name: str = "") -> None:
     """Raise :class:`AssemblyError` unless every layer gets the service it requires."""
     below_type = bottom
     below_name = bottom_name or f"the transport ({bottom.kind})"
     for position, layer in enumerate(layers):
         if not issubclass(below_type, layer.requires):
+            needed = layer.requires
             raise AssemblyError(
-                f"layer {layer.name!r} (position {position}) requires a "
-                f"{layer.requires.kind!r} service ({layer.requires.__name__}), but "
-                f"{below_name} below it provides {below_type.kind!r} ({below_type.__name__})"
+                f"layer {layer.name!r} (position {position}) requires {_a(needed.kind)} "
+                f"{needed.kind!r} service ({needed.__name__}), but {below_name} below it "
+                f"provides {below_type.kind!r} ({below_type.__name__})"
             )
         below_type = layer.provides
         below_name = f"layer {layer.name!r}"

@@ -3,6 +3,10 @@
 Each transport builds a network of :class:`~stacklib.unet.Node` objects (host, NI, OS service)
 in a given world (real time or a simulation).  The in-process memory transport ships here;
 simulated NIs with cost models and real kernel-bypass transports register the same way.
+
+A transport whose nodes run a communication library in place of U-Net endpoints (the Myrinet
+libraries of paper 004, :mod:`stacklib.layers.myrinet.transport`) names the service it puts at
+the bottom of every stack (``bottom``) and makes those services itself (``open_nodes``).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from typing import Any, Protocol
 
 import attrs
 
+from stacklib.services import Service, UNetService
 from stacklib.sim import CostProfile, World
 from stacklib.unet.node import Node
 
@@ -23,6 +28,9 @@ class Network(Protocol):
 
 
 Builder = Callable[[World, Any, Sequence[str], CostProfile | None], Network]
+#: (built network, transport parameters) -> (each node's bottom service, in node order; the peer
+#: tables: ``peers[i][j]`` is the peer id node ``i``'s service uses for node ``j``).
+NodeOpener = Callable[[Any, Any], tuple[list[Service], list[dict[int, int]]]]
 
 
 @attrs.frozen
@@ -35,6 +43,12 @@ class TransportKind:
     description: str
     #: Whether it runs in virtual time ("virtual"), real time ("real"), or either ("any").
     clock: str = "any"
+    #: The service at the bottom of every stack: raw U-Net over one endpoint per node, or what
+    #: ``open_nodes`` makes.
+    bottom: type[Service] = UNetService
+    #: Makes the nodes' bottom services for a transport without U-Net endpoints (None: the
+    #: recipe opens an endpoint per node and connects every pair).
+    open_nodes: NodeOpener | None = None
 
 
 TRANSPORTS: dict[str, TransportKind] = {}

@@ -1,0 +1,107 @@
+"""The five Myrinet libraries as recipe transports: ``sim-myrinet-am``, ``-bip``, ``-fm``,
+``-pm`` and ``-vmmc``.
+
+Each builds paper 004's LANai 4.1 platform (:class:`~stacklib.transports.sim.lanai4.Lanai4Cluster`,
+virtual time) and opens the library on every node; the library's datagram face is the bottom of
+the recipe's stack, where other transports have a U-Net endpoint.  The ``[transport]`` table
+takes the library's parameters by name (``GamParams``, ``BipParams``, ...), validated strictly;
+BIP also takes ``synchronize`` (default true: the benchmarks' synchronization for messages of
+256 bytes and more, paper 004 §4.1, as the ``myrinet`` experiment runs it)::
+
+    [run]
+    clock = "virtual"
+
+    [transport]
+    kind = "sim-myrinet-bip"
+
+    [workload]
+    kind = "logp"
+
+The generic workloads (``pingpong``, ``bandwidth``, ``logp``) then measure the library as
+``stacklib reproduce --only myrinet`` does, and datagram layers may sit on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from stacklib.errors import ConfigError
+from stacklib.layers.myrinet.base import MyrinetLibrary
+from stacklib.layers.myrinet.bip import Bip, BipParams
+from stacklib.layers.myrinet.fm import Fm, FmParams
+from stacklib.layers.myrinet.gam import Gam, GamParams
+from stacklib.layers.myrinet.pm import Pm, PmParams
+from stacklib.layers.myrinet.vmmc import Vmmc, VmmcParams
+from stacklib.services import DatagramService, Service
+from stacklib.sim import CostProfile, World
+from stacklib.transports import TransportKind, register_transport
+from stacklib.transports.sim.lanai4 import Lanai4Cluster
+
+__all__ = ["LIBRARY_TRANSPORTS", "BipRecipeParams"]
+
+
+@attrs.frozen
+class BipRecipeParams(BipParams):
+    """BIP's parameters plus how the benchmarks ran it."""
+
+    #: Synchronize sender and receiver for messages of 256 bytes and more (paper 004 §4.1).
+    synchronize: bool = True
+
+
+def _build(world: World, params: Any, names: Sequence[str], profile: CostProfile | None) -> Any:
+    if profile is not None:
+        raise ConfigError(
+            "recipe",
+            "host.profile",
+            "the LANai 4.1 platform's hosts are paper 004's 200 MHz Pentium Pros: no profile",
+        )
+    return Lanai4Cluster(world, nodes=names)
+
+
+def _opener(library: type[MyrinetLibrary]) -> Any:
+    def open_nodes(
+        cluster: Lanai4Cluster, params: Any
+    ) -> tuple[list[Service], list[dict[int, int]]]:
+        if library is Bip:
+            libs: Sequence[MyrinetLibrary] = Bip.open(
+                cluster, params, synchronize=params.synchronize
+            )
+        else:
+            libs = library.open(cluster, params)  # type: ignore[attr-defined]
+        count = len(libs)
+        # A library's peer ids are the other nodes' indices.
+        peers = [{j: j for j in range(count) if j != i} for i in range(count)]
+        return list(libs), peers
+
+    return open_nodes
+
+
+def _register(name: str, library: type[MyrinetLibrary], params: type[Any]) -> TransportKind:
+    return register_transport(
+        TransportKind(
+            name=f"sim-myrinet-{name}",
+            Params=params,
+            build=_build,
+            description=f"{library.__name__} (paper 004) on the LANai 4.1 platform, its "
+            "datagram face at the bottom of the stack, in virtual time",
+            clock="virtual",
+            bottom=DatagramService,
+            open_nodes=_opener(library),
+        )
+    )
+
+
+#: Transport name -> kind, in paper 004's column order.
+LIBRARY_TRANSPORTS: dict[str, TransportKind] = {
+    kind.name: kind
+    for kind in (
+        _register("am", Gam, GamParams),
+        _register("bip", Bip, BipRecipeParams),
+        _register("fm", Fm, FmParams),
+        _register("pm", Pm, PmParams),
+        _register("vmmc", Vmmc, VmmcParams),
+    )
+}
