@@ -69,3 +69,7 @@ class RemoteProtocolError(StacklibError):
 
 class PeerUnreachable(StacklibError):
     """A reliable layer gave up on a peer that stopped answering."""
+
+
+class Deadlock(StacklibError):
+    """A simulation stalled: every task waits, and no event or timer will ever wake one."""

@@ -19,7 +19,10 @@ trio's next deadline (the argument), moving the clock to each event's time, and 
 an event that made a task runnable: it answers 0, and trio runs the woken task in that same pass,
 at that very instant, before any later event.  With no event before trio's deadline the clock
 moves onto the deadline and answers 0, and trio fires the timer in that same pass; with no
-events and no deadline it answers ``inf`` as trio's own clock would (a real deadlock hangs).
+events, no deadline and nobody in ``wait_all_tasks_blocked``, nothing can ever happen again:
+that is a deadlock, and the run ends with :class:`~stacklib.errors.Deadlock` naming the waiting
+tasks, where a trio program would hang (``Simulation(detect_deadlock=False)`` hangs too, for a
+run that waits for real I/O in virtual time).
 Events at equal times run in the order they were scheduled; events due at the same instant as a
 trio deadline run before the timer fires.  So a wake-up costs one pass of trio's loop (about
 4 us: the loop, an ``epoll(0)`` call, the instrument, the task's step), where a driver task that
@@ -64,6 +67,7 @@ import heapq
 import itertools
 import math
 import random
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import TypeVar, TypeVarTuple, Unpack
 
@@ -71,6 +75,7 @@ import attrs
 import trio
 import trio.lowlevel
 
+from stacklib.errors import Deadlock
 from stacklib.sim.clock import VirtualClock, _RunGuard, derive_seed
 from stacklib.sim.resources import Resource
 
@@ -200,11 +205,16 @@ class Simulation(World):
 
     virtual = True
 
-    def __init__(self, seed: int = 0, *, inline_charges: bool = True) -> None:
+    def __init__(
+        self, seed: int = 0, *, inline_charges: bool = True, detect_deadlock: bool = True
+    ) -> None:
         super().__init__(seed)
         #: Let a task charge a modeled cost without parking when parking would change nothing
         #: (``_charge_inline``); False parks for every charge (for comparisons: same results).
         self.inline_charges = inline_charges
+        #: End a run that can never go on with :class:`~stacklib.errors.Deadlock` (False: wait,
+        #: as trio does, e.g. for real I/O in virtual time).
+        self.detect_deadlock = detect_deadlock
         self.clock = VirtualClock(seed)
         self.clock._attach(self)
         self.events_processed = 0
@@ -368,6 +378,8 @@ class Simulation(World):
         """trio's run queue is empty: run the events due up to ``deadline``, then answer trio."""
         heap = self._heap
         if not heap or heap[0][0] > deadline or self._stopped:
+            if deadline == _INF and not heap and self._stalled():
+                return 0.0
             return self.clock._idle_or_jump(deadline)
         if self._watcher is None and not self._start_watcher():
             return self.clock._idle_or_jump(deadline)
@@ -409,6 +421,25 @@ class Simulation(World):
             self.events_processed += processed
         return clock._idle_or_jump(deadline)
 
+    def _stalled(self) -> bool:
+        """Nothing can ever happen again: end the run with :class:`Deadlock` (if detecting)."""
+        waiters = self.clock._waiters  # None: this trio hides them, so trio may yet wake some
+        if not self.detect_deadlock or self._stopped or waiters is None or waiters:
+            return False
+        if self._watcher is None and not self._start_watcher():
+            return False
+        waiting = Counter(_parked_tasks(self._watcher))
+        shown = ", ".join(
+            f"{count} x {name}" if count > 1 else name for name, count in sorted(waiting.items())
+        )
+        self._fail(
+            Deadlock(
+                f"deadlock at t={self.clock._now * 1e6:.3f} us of virtual time: every task "
+                f"waits and no event or timer is pending ({waiting.total()} waiting: {shown})"
+            )
+        )
+        return True
+
     def _start_watcher(self) -> bool:
         """Spawn the watcher with the first due event of a run; False if the run is ending."""
         try:
@@ -449,3 +480,20 @@ class Simulation(World):
         self._watcher_parked = False
         self._stopped = True
         return trio.lowlevel.Abort.SUCCEEDED
+
+
+def _parked_tasks(watcher: trio.lowlevel.Task | None) -> list[str]:
+    """The names of the run's tasks that have no children (the ones actually waiting), trio's
+    own system tasks left out."""
+    names: list[str] = []
+    stack = [trio.lowlevel.current_root_task()]
+    while stack:
+        task = stack.pop()
+        if task is None or task is watcher:
+            continue
+        children = [child for nursery in task.child_nurseries for child in nursery.child_tasks]
+        if children:
+            stack.extend(children)
+        elif not task.name.startswith("<"):  # trio's own, e.g. <TrioToken.run_sync_soon task>
+            names.append(task.name)
+    return names
