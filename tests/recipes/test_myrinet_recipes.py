@@ -12,7 +12,7 @@ import pytest
 
 from stacklib.bench import workload_kind
 from stacklib.bench.logp import LogPParams, run_logp
-from stacklib.errors import ConfigError
+from stacklib.errors import ConfigError, Deadlock
 from stacklib.experiments.myrinet import open_session
 from stacklib.layers.myrinet import LIBRARIES
 from stacklib.recipes import load_recipe, parse_recipe, run_recipe
@@ -94,3 +94,24 @@ def test_a_host_profile_is_refused() -> None:
     data["host"] = {"profile": {"name": "faster", "ops": {}}}
     with pytest.raises(ConfigError, match="no profile"):
         run_recipe(parse_recipe(data, "profiled.toml"))
+
+
+def _splitc_over(library: str, nodes: int) -> dict[str, Any]:
+    data = tomllib.loads((REPO_RECIPES / "splitc-myrinet-fm.toml").read_text())
+    data["transport"]["kind"] = f"sim-myrinet-{library}"
+    data["workload"].update(small=True, nodes=nodes)
+    del data["workload"]["sizes"]
+    return data
+
+
+@pytest.mark.parametrize("library", ["am", "fm", "pm", "vmmc"])
+def test_splitc_over_uam_over_a_library_on_four_nodes(library: str) -> None:
+    result = run_recipe(parse_recipe(_splitc_over(library, 4), "splitc.toml"))
+    assert result.facts["verified"] == "yes" and len(result.rows) == 4
+
+
+def test_bips_synchronous_sends_deadlock_the_all_to_all_and_the_run_says_so() -> None:
+    with pytest.raises(Deadlock, match=r"16 waiting: 4 x .*rank_main.*4 x uam"):
+        run_recipe(parse_recipe(_splitc_over("bip", 4), "splitc-bip.toml"))
+    two = run_recipe(parse_recipe(_splitc_over("bip", 2), "splitc-bip2.toml"))
+    assert two.facts["verified"] == "yes"
