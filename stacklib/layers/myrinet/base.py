@@ -187,6 +187,10 @@ class MyrinetLibrary(DatagramService):
         self._changed = trio.Event()
         self._inbox: deque[tuple[int, bytes]] = deque()
         self._tx_outstanding = 0
+        #: Per peer: held while one message's packets go out (:meth:`lock_peer`).
+        self._send_locks: dict[int, trio.Lock] = {}
+        #: Per sender: the pieces of the message being joined (:meth:`join_piece`).
+        self._partial: dict[int, list[bytes]] = {}
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} on {self.node.name}>"
@@ -309,6 +313,40 @@ class MyrinetLibrary(DatagramService):
         self._inbox.append((src, data))
         self.counters["delivered"] += 1
         self.notify()
+
+    async def lock_peer(self, peer: int) -> None:
+        """Hold ``peer``'s send lock until :meth:`unlock_peer`: one message's packets go out
+        together, since the receiver joins a sender's packets in order and another task's
+        message to the same peer would interleave with them.  A free lock is taken without a
+        checkpoint, so a lone sender's timing is unchanged."""
+        lock = self._send_locks.get(peer)
+        if lock is None:
+            lock = self._send_locks[peer] = trio.Lock()
+        if lock.locked():
+            await lock.acquire()
+        else:
+            lock.acquire_nowait()
+
+    def unlock_peer(self, peer: int) -> None:
+        """Release what :meth:`lock_peer` took."""
+        self._send_locks[peer].release()
+
+    def join_piece(self, src: int, piece: tuple[int, int], data: bytes) -> bytes | None:
+        """Add piece ``(index, count)`` of ``src``'s message; the whole message once its last
+        piece is in, else None.  A piece that is not the next one is never joined to another
+        message's pieces: the partial message is dropped (``lost.piece_out_of_order``)."""
+        index, count = piece
+        parts = self._partial.setdefault(src, [])
+        if index != len(parts):
+            self.drop("piece_out_of_order")
+            parts.clear()
+            if index != 0:
+                return None
+        parts.append(data)
+        if index < count - 1:
+            return None
+        del self._partial[src]
+        return b"".join(parts)
 
     def drop(self, reason: str) -> None:
         self.counters["lost." + reason] += 1

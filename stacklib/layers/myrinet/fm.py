@@ -122,11 +122,17 @@ class FmSend:
         self._index += 1
 
     async def end(self) -> None:
-        """Finish the message (FM_end_message); it must have exactly its stated length."""
+        """Finish the message (FM_end_message); it must have exactly its stated length.
+
+        It releases the peer's send lock :meth:`Fm.begin_message` took, so it is called by
+        the task that began the message."""
         if self.written != self.length:
             raise LibraryError(f"FM: message ended after {self.written} of its {self.length} bytes")
-        await self._flush(bytes(self._buffer))
-        self._buffer.clear()
+        try:
+            await self._flush(bytes(self._buffer))
+            self._buffer.clear()
+        finally:
+            self.fm.unlock_peer(self.peer)
         await self.fm.host(self.fm.params.send_us * US / 2)
         self.fm.counters["sent"] += 1
 
@@ -219,7 +225,14 @@ class Fm(MyrinetLibrary):
         self.peer(peer)
         if length < 0 or length > self.MAX_MESSAGE:
             raise LibraryError(f"FM: message length {length} outside 0..{self.MAX_MESSAGE}")
-        await self.host(self.params.send_us * US / 2)
+        # One message's packets go out together (its stream at the receiver is per sender):
+        # held until end(), so a second message to the same peer waits for this one.
+        await self.lock_peer(peer)
+        try:
+            await self.host(self.params.send_us * US / 2)
+        except BaseException:
+            self.unlock_peer(peer)
+            raise
         return FmSend(self, peer, handler, length)
 
     # --- arrival and extraction ----------------------------------------------------------

@@ -164,7 +164,6 @@ class Gam(MyrinetLibrary):
         self._tokens: dict[int, int] = {}
         self._arrived: deque[Packet] = deque()
         self._in_handler = False
-        self._partial: dict[int, list[bytes]] = {}
         self._buffers_busy = 0
         #: Per peer, whether each request awaiting its reply was a bulk store (FIFO, §2).
         self._pending: dict[int, deque[bool]] = {}
@@ -328,12 +327,9 @@ class Gam(MyrinetLibrary):
         return length * self.platform.l2_cache_bytes // self.params.cache_knee_bytes
 
     def _deliver(self, token: Token, data: bytes) -> None:
-        index, count = token.piece
-        parts = self._partial.setdefault(token.src, [])
-        parts.append(data)
-        if index == count - 1:
-            del self._partial[token.src]
-            self.deliver(token.src, b"".join(parts))
+        whole = self.join_piece(token.src, token.piece, data)
+        if whole is not None:
+            self.deliver(token.src, whole)
 
     # --- datagram face -----------------------------------------------------------------
 
@@ -341,8 +337,12 @@ class Gam(MyrinetLibrary):
         raw = self.check_size(data)
         step = self.params.max_request
         count = max(1, -(-len(raw) // step))
-        for i in range(count):
-            await self._request(peer, DELIVER, raw[i * step : (i + 1) * step], (i, count))
+        await self.lock_peer(peer)  # one message's pieces go out together
+        try:
+            for i in range(count):
+                await self._request(peer, DELIVER, raw[i * step : (i + 1) * step], (i, count))
+        finally:
+            self.unlock_peer(peer)
         self.counters["sent"] += 1
 
     async def recv(self) -> tuple[int, bytes]:

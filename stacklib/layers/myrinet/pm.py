@@ -127,7 +127,6 @@ class Pm(MyrinetLibrary):
         self.daemon = daemon
         self.job = job
         self._credits: dict[int, int] = {}
-        self._partial: dict[int, list[bytes]] = {}
 
     @classmethod
     def open(cls, cluster: Lanai4Cluster, params: PmParams | None = None) -> list[Pm]:
@@ -153,15 +152,19 @@ class Pm(MyrinetLibrary):
         self._check_scheduled()
         p = self.params
         count = max(1, -(-len(raw) // p.packet_bytes))
-        for i in range(count):
-            piece = raw[i * p.packet_bytes : (i + 1) * p.packet_bytes]
-            await self.wait_until(lambda: self._credits[peer] > 0)
-            await self.tx_slot()
-            self._check_scheduled()
-            self._credits[peer] -= 1
-            await self.host(p.send_us * US)
-            packet = Packet(self.index, piece, piece=(i, count))
-            self.inject(peer, packet, self.world.now(), lcp_cycles=p.lcp_send_cycles, dma=True)
+        await self.lock_peer(peer)  # one message's packets go out together
+        try:
+            for i in range(count):
+                piece = raw[i * p.packet_bytes : (i + 1) * p.packet_bytes]
+                await self.wait_until(lambda: self._credits[peer] > 0)
+                await self.tx_slot()
+                self._check_scheduled()
+                self._credits[peer] -= 1
+                await self.host(p.send_us * US)
+                packet = Packet(self.index, piece, piece=(i, count))
+                self.inject(peer, packet, self.world.now(), lcp_cycles=p.lcp_send_cycles, dma=True)
+        finally:
+            self.unlock_peer(peer)
         self.counters["sent"] += 1
 
     def arrive(self, packet: Packet, first: float, last: float) -> None:
@@ -179,13 +182,12 @@ class Pm(MyrinetLibrary):
 
     def _piece(self, packet: Packet) -> None:
         index, count = packet.piece
-        if index == count - 1:
-            pieces = [*self._partial.pop(packet.src, []), packet.data]
-            self.deliver(packet.src, b"".join(pieces))
-        else:
+        whole = self.join_piece(packet.src, packet.piece, packet.data)
+        if whole is not None:
+            self.deliver(packet.src, whole)
+        elif index < count - 1:
             # The benchmark's receive loop takes each packet of a long message as it comes
             # (its host cost is charged with the message): its buffer is free again.
-            self._partial.setdefault(packet.src, []).append(packet.data)
             self._return_credit(packet.src)
 
     def _return_credit(self, src: int) -> None:

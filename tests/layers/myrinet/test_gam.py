@@ -205,3 +205,21 @@ def test_a_request_over_the_largest_store_is_refused() -> None:
         assert "at most" in str(error)
     else:
         raise AssertionError("an oversized request was sent")
+
+
+def test_a_piece_out_of_order_is_dropped_not_joined() -> None:
+    async def body(cluster: Lanai4Cluster) -> tuple[list[bytes], object]:
+        _, b = Gam.open(cluster)
+
+        def piece(index: int, count: int, data: bytes) -> None:
+            b._deliver(Token(b, 0, True, (index, count)), data)
+
+        piece(0, 2, b"a")
+        piece(0, 3, b"x")  # a new message's first piece: the half-joined one is dropped
+        piece(1, 3, b"y")
+        piece(2, 3, b"z")
+        piece(1, 2, b"b")  # a middle piece with nothing before it
+        got = [data for _, data in b._inbox]
+        return got, b.statistics()["lost.piece_out_of_order"]
+
+    assert simulate(body) == ([b"xyz"], 2)
