@@ -148,6 +148,14 @@ def _pretranslated(ni: object) -> int:
     return max(1, ni.mm.params.pretranslate)
 
 
+def _tlb_counts(ni: object) -> tuple[int, int, int]:
+    """(hits, misses, evictions) of ``ni``'s TLB so far."""
+    from stacklib.transports.sim.mm import MemoryManagedNI
+
+    mm = typing.cast(MemoryManagedNI, ni).statistics().mm
+    return (mm.hits, sum(mm.misses.values()), mm.evictions) if mm else (0, 0, 0)
+
+
 async def run_mm_pingpong(session: Session, params: MmPingPongParams) -> Result:
     """Run every mode of ``params`` on fresh endpoints of the session's first two nodes."""
     from stacklib.transports.sim.mm import MemoryManagedNI
@@ -166,8 +174,7 @@ async def run_mm_pingpong(session: Session, params: MmPingPongParams) -> Result:
     for mode in typing.cast(tuple[Mode, ...], params.modes):
         eps = [k.create_endpoint(k.process(f"mm-pingpong {mode}"), ENDPOINT) for k in kernels]
         channels = connect(eps[0], eps[1])
-        mm = typing.cast(MemoryManagedNI, nodes[0]).statistics().mm
-        before = (mm.hits, sum(mm.misses.values()), mm.evictions) if mm else (0, 0, 0)
+        before = _tlb_counts(nodes[0])
         try:
             rtt = await mm_round_trip(
                 eps,
@@ -180,8 +187,7 @@ async def run_mm_pingpong(session: Session, params: MmPingPongParams) -> Result:
         finally:
             for ep in eps:
                 ep.close()
-        mm = typing.cast(MemoryManagedNI, nodes[0]).statistics().mm
-        after = (mm.hits, sum(mm.misses.values()), mm.evictions) if mm else (0, 0, 0)
+        after = _tlb_counts(nodes[0])
         if mode == "segment":
             baseline = rtt
         rows.append(
