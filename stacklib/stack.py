@@ -36,7 +36,8 @@ class Placement:
     node: int
     #: How many nodes the recipe built.
     nodes: int
-    #: Every other node's index -> the channel id of the endpoint below that reaches it.
+    #: Every other node's index -> the peer id the bottom service reaches it by (a U-Net
+    #: endpoint's channel id, or a library's peer index).
     channels: Mapping[int, int]
     #: The node's simulated host CPU in virtual time, to charge modeled computation to; None in
     #: real time.
