@@ -62,7 +62,7 @@ from stacklib.bench import mm_pingpong as _mm_pingpong  # noqa: F401  (registers
 from stacklib.bench.splitc import workload as _splitc_workload  # noqa: F401  (registers splitc)
 from stacklib.config import structure
 from stacklib.errors import AssemblyError, ConfigError
-from stacklib.layers.myrinet import transport as _myrinet_transports  # noqa: F401  (registers sim-myrinet-*)
+from stacklib.layers.myrinet import transport as _myrinet  # noqa: F401  (registers transports)
 from stacklib.services import Service, UNetService
 from stacklib.sim import CostProfile, RealWorld, Resource, Simulation, World
 from stacklib.stack import Layer, Placement, check_fit, layer_class, open_stacks

@@ -40,6 +40,7 @@ from stacklib.bench import Session, WorkloadKind, register_workload
 from stacklib.bench.result import Cell, Column, Result
 from stacklib.errors import ConfigError
 from stacklib.services import UNetService
+from stacklib.transports.sim.mm import MemoryManagedNI, virtual
 from stacklib.unet import EndpointConfig, connect
 from stacklib.unet.endpoint import Endpoint
 from stacklib.unet.mm import PAGE_SIZE
@@ -89,8 +90,6 @@ async def mm_round_trip(
 ) -> float:
     """Mean round trip (seconds) between ``eps[0]`` and ``eps[1]`` on U-Net/MM NIs, with the
     buffers of ``mode``; ``channels[i]`` is ``eps[i]``'s channel to the other."""
-    from stacklib.transports.sim.mm import MemoryManagedNI, virtual
-
     # A hit run posts twice as many buffers as the NI keeps translated and re-posts each behind
     # the window, so its pre-translation happens after a delivery, off the round trip.
     ahead = [_pretranslated(ep.ni) for ep in eps]
@@ -141,8 +140,6 @@ async def mm_round_trip(
 
 def _pretranslated(ni: object) -> int:
     """How many free buffers ``ni`` keeps translated ahead of arrivals (at least 1)."""
-    from stacklib.transports.sim.mm import MemoryManagedNI
-
     if not isinstance(ni, MemoryManagedNI):
         raise TypeError(f"a U-Net/MM NI is needed, got {type(ni).__name__}")
     return max(1, ni.mm.params.pretranslate)
@@ -150,16 +147,12 @@ def _pretranslated(ni: object) -> int:
 
 def _tlb_counts(ni: object) -> tuple[int, int, int]:
     """(hits, misses, evictions) of ``ni``'s TLB so far."""
-    from stacklib.transports.sim.mm import MemoryManagedNI
-
     mm = typing.cast(MemoryManagedNI, ni).statistics().mm
     return (mm.hits, sum(mm.misses.values()), mm.evictions) if mm else (0, 0, 0)
 
 
 async def run_mm_pingpong(session: Session, params: MmPingPongParams) -> Result:
     """Run every mode of ``params`` on fresh endpoints of the session's first two nodes."""
-    from stacklib.transports.sim.mm import MemoryManagedNI
-
     services = [typing.cast(UNetService, service) for service in session.services[:2]]
     nodes = [service.endpoint.ni for service in services]
     if not all(isinstance(ni, MemoryManagedNI) for ni in nodes):

@@ -12,14 +12,15 @@ values are not in the text.  docs/myrinet.md has the tables and how each claim w
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 from stacklib.bench import Session
 from stacklib.bench.bandwidth import BandwidthParams, run_bandwidth
 from stacklib.bench.logp import LogPParams, run_logp
 from stacklib.bench.result import Cell, Result
-from stacklib.layers.myrinet import LIBRARIES, Bip, MyrinetLibrary
+from stacklib.layers.myrinet import LIBRARIES
+from stacklib.layers.myrinet.transport import open_library
 from stacklib.reproduce import Experiment, Figure, register_experiment
 from stacklib.sim import Simulation
 from stacklib.transports.sim.lanai4 import FIG2_CURVES, Lanai4Cluster, fig2, host_ni_bandwidth
@@ -55,10 +56,8 @@ def open_session(name: str, seed: int = 1) -> tuple[Simulation, Session]:
     sim = Simulation(seed)
     cluster = Lanai4Cluster(sim)
     # BIP runs with the benchmarks' synchronization for >= 256 bytes (paper 004 §4.1).
-    libs: Sequence[MyrinetLibrary] = (
-        Bip.open(cluster, synchronize=True) if cls is Bip else cls.open(cluster)  # type: ignore[attr-defined]
-    )
-    return sim, Session(sim, cluster, list(libs), [{1: 1}, {0: 0}])
+    libs = open_library(cluster, cls)
+    return sim, Session(sim, cluster, libs, [{1: 1}, {0: 0}])
 
 
 @functools.cache

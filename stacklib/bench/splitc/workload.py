@@ -33,7 +33,8 @@ import attrs
 from stacklib.bench import Session, WorkloadKind, register_workload
 from stacklib.bench.result import Column, Result
 from stacklib.errors import ConfigError
-from stacklib.services import ReliableService, Service
+from stacklib.layers.splitc import SplitC
+from stacklib.services import ReliableService
 from stacklib.sim import Simulation
 
 __all__ = ["SPLITC", "SplitcWorkloadParams", "run_splitc"]
@@ -95,7 +96,6 @@ async def run_splitc(session: Session, params: SplitcWorkloadParams) -> Result:
 
     from stacklib.bench.splitc.cluster import SPLITC_UAM
     from stacklib.bench.splitc.programs import RankResult, make_program
-    from stacklib.layers.splitc import SplitC
     from stacklib.layers.uam import UamService
     from stacklib.transports.sim.machines import MACHINES
 
@@ -151,12 +151,6 @@ async def run_splitc(session: Session, params: SplitcWorkloadParams) -> Result:
     return _result(params, done, "virtual" if simulated else "wall")
 
 
-def _splitc_service() -> type[Service]:
-    from stacklib.layers.splitc import SplitC
-
-    return SplitC
-
-
 def _result(params: SplitcWorkloadParams, results: list[Any], clock: str) -> Result:
     rows = [
         {
@@ -204,6 +198,6 @@ SPLITC = register_workload(
         run=run_splitc,
         description="a Split-C benchmark program (paper 000 §6, paper 003 §5.1), one rank per node",
         # UAM (Split-C is made over it) or the splitc layer itself.
-        requires=(ReliableService, _splitc_service()),
+        requires=(ReliableService, SplitC),
     )
 )

@@ -40,7 +40,7 @@ from stacklib.sim import CostProfile, World
 from stacklib.transports import TransportKind, register_transport
 from stacklib.transports.sim.lanai4 import Lanai4Cluster
 
-__all__ = ["LIBRARY_TRANSPORTS", "BipRecipeParams"]
+__all__ = ["LIBRARY_TRANSPORTS", "BipRecipeParams", "open_library"]
 
 
 @attrs.frozen
@@ -61,16 +61,23 @@ def _build(world: World, params: Any, names: Sequence[str], profile: CostProfile
     return Lanai4Cluster(world, nodes=names)
 
 
+def open_library(
+    cluster: Lanai4Cluster, library: type[MyrinetLibrary], params: Any = None
+) -> list[MyrinetLibrary]:
+    """``library`` on every node of ``cluster`` as paper 004's benchmarks ran it: BIP with
+    their synchronization for messages of 256 bytes and more (§4.1) unless ``params`` (a
+    :class:`BipRecipeParams`) turns it off."""
+    if library is Bip:
+        synchronize = params.synchronize if isinstance(params, BipRecipeParams) else True
+        return list(Bip.open(cluster, params, synchronize=synchronize))
+    return list(library.open(cluster, params))  # type: ignore[attr-defined]
+
+
 def _opener(library: type[MyrinetLibrary]) -> Any:
     def open_nodes(
         cluster: Lanai4Cluster, params: Any
     ) -> tuple[list[Service], list[dict[int, int]]]:
-        if library is Bip:
-            libs: Sequence[MyrinetLibrary] = Bip.open(
-                cluster, params, synchronize=params.synchronize
-            )
-        else:
-            libs = library.open(cluster, params)  # type: ignore[attr-defined]
+        libs = open_library(cluster, library, params)
         count = len(libs)
         # A library's peer ids are the other nodes' indices.
         peers = [{j: j for j in range(count) if j != i} for i in range(count)]

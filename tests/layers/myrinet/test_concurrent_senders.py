@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import trio
 
-from stacklib.layers.myrinet import LIBRARIES, Bip, MyrinetLibrary
+from stacklib.layers.myrinet import LIBRARIES
+from stacklib.layers.myrinet.transport import open_library
 from stacklib.transports.sim.lanai4 import Lanai4Cluster
 from tests.layers.myrinet.conftest import simulate
 
@@ -17,10 +18,7 @@ def test_concurrent_long_messages_to_one_peer_arrive_whole(name: str) -> None:
     cls = LIBRARIES[name]
 
     async def body(cluster: Lanai4Cluster) -> tuple[list[bytes], list[bytes]]:
-        libs: list[MyrinetLibrary] = (
-            Bip.open(cluster, synchronize=True) if cls is Bip else cls.open(cluster)  # type: ignore[attr-defined]
-        )
-        a, b = libs
+        a, b = open_library(cluster, cls)
         size = min(a.max_message, 40_000)  # several packets or pieces in every library
         sent = [bytes([1]) * size, bytes([2]) * (size - 7), b"short"]
         got: list[bytes] = []
@@ -41,7 +39,7 @@ def test_concurrent_long_messages_to_one_peer_arrive_whole(name: str) -> None:
 
 def test_join_piece_drops_a_piece_out_of_order() -> None:
     async def body(cluster: Lanai4Cluster) -> tuple[list[bytes | None], object]:
-        lib = LIBRARIES["pm"].open(cluster)[1]  # type: ignore[attr-defined]
+        lib = open_library(cluster, LIBRARIES["pm"])[1]
         joined = [
             lib.join_piece(0, (0, 2), b"a"),
             lib.join_piece(0, (0, 3), b"x"),  # a new first piece: "a" is dropped
