@@ -9,6 +9,8 @@ reliable message service can carry a layer that asks only for datagrams).
 * :class:`UNetService`: raw U-Net, a datagram service that also exposes its endpoint.
 * :class:`ReliableService`: messages delivered exactly once and in order per peer, or the peer
   reported unreachable.
+* :class:`ActiveMessageService`: Active Messages (paper 000 §5): requests and replies that run
+  handlers, bulk stores and gets into registered regions; a reliable service.
 * :class:`StreamService`: byte streams (``trio.abc.HalfCloseableStream``), e.g. TCP.
 * :class:`FrameService`: whole Ethernet frames on one link (a TAP device), under IP's
   Ethernet mode.
@@ -20,16 +22,19 @@ message's origin travels up unchanged through every layer.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
-from typing import ClassVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, TypeAlias, TypeVar
 
 import trio
 
 from stacklib.unet.endpoint import Endpoint
 
+C = TypeVar("C")
 
-class Service:
-    """Base of every service type."""
+
+class Service(abc.ABC):  # noqa: B024  (abstract methods come with each kind of service)
+    """Base of every service type.  Abstract: a subclass instantiates only once it implements
+    every abstract method of the services it inherits from."""
 
     #: Name used in assembly errors and recipes.
     kind: ClassVar[str] = "service"
@@ -37,6 +42,15 @@ class Service:
     def statistics(self) -> Mapping[str, object]:
         """Counters of the layer that provides this service (empty if it keeps none)."""
         return {}
+
+    def capability(self, kind: type[C]) -> C | None:
+        """An object of type ``kind`` that this service lends the layer above, or None.
+
+        Layers ask the service below for what they can use beyond its declared service
+        instead of testing its concrete class.  A service that lends nothing returns None
+        (the default); see each service class for the capabilities it documents.
+        """
+        return None
 
 
 class DatagramService(Service):
@@ -83,6 +97,13 @@ class UNetService(DatagramService):
     def __repr__(self) -> str:
         return f"UNetService({self.endpoint!r})"
 
+    def capability(self, kind: type[C]) -> C | None:
+        """Lends the :class:`~stacklib.unet.Endpoint` (``capability(Endpoint)``): a layer above
+        may drive it directly (post, poll) with the same effect as :meth:`send` and
+        :meth:`recv`.  A subclass that changes what ``send`` or ``recv`` do must not lend it."""
+        endpoint = self.endpoint
+        return endpoint if isinstance(endpoint, kind) else None
+
     @property
     def peers(self) -> Sequence[int]:
         return sorted(self.endpoint.channels)
@@ -115,6 +136,95 @@ class ReliableService(DatagramService):
     (:class:`stacklib.errors.PeerUnreachable`)."""
 
     kind = "reliable"
+
+
+Handler: TypeAlias = Callable[..., Any]
+"""An Active Message handler: ``fn(peer, *args)`` for requests and replies; ``fn(peer, region,
+offset, nbytes, *args)`` for the completion of a store (at the receiver) or a get (at the
+requester)."""
+
+RemoteAddress: TypeAlias = tuple[int | str, int]
+"""(region id or name, byte offset): an address in a region registered with
+:meth:`ActiveMessageService.register_region`.  Names resolve through the local table (the SPMD
+model: every node registers the same regions in the same order)."""
+
+
+class ActiveMessageService(ReliableService):
+    """Active Messages (paper 000 §5, GAM 1.1): small requests and replies that run registered
+    handlers at the receiver, and bulk stores and gets into registered memory regions.
+
+    Handlers run when the application polls (:meth:`poll`, :meth:`wait_until`); a request
+    handler may :meth:`reply` once.  A failed peer raises
+    :class:`~stacklib.errors.PeerUnreachable` from the next call that polls.
+    """
+
+    kind = "active-messages"
+
+    @abc.abstractmethod
+    def register_handler(
+        self, handler: Handler, index: int | None = None, name: str | None = None
+    ) -> int:
+        """Enter ``handler`` in the handler table (at ``index``, default the first free) and
+        return its index; ``name`` lets callers name it instead."""
+
+    @abc.abstractmethod
+    def register_region(self, buffer: bytearray | memoryview, name: str | None = None) -> int:
+        """Make ``buffer`` (writable) reachable by stores and gets; returns its region id."""
+
+    @abc.abstractmethod
+    def request_nowait(self, peer: int, handler: int | str, *args: int) -> None:
+        """Send a request now, or raise :class:`trio.WouldBlock` if it cannot go yet."""
+
+    @abc.abstractmethod
+    async def request(self, peer: int, handler: int | str, *args: int) -> None:
+        """Send a request (a few 32-bit words) to ``handler`` of ``peer``, polling while the
+        send window is full."""
+
+    @abc.abstractmethod
+    def reply(self, handler: int | str, *args: int) -> None:
+        """Reply from inside a request handler, once."""
+
+    @abc.abstractmethod
+    async def store(
+        self,
+        peer: int,
+        data: bytes | bytearray | memoryview,
+        remote: RemoteAddress,
+        handler: int | str,
+        *args: int,
+    ) -> None:
+        """Store ``data`` at ``remote`` of ``peer``; ``handler`` runs there when it has all
+        arrived."""
+
+    @abc.abstractmethod
+    async def get(
+        self,
+        peer: int,
+        remote: RemoteAddress,
+        nbytes: int,
+        local: RemoteAddress,
+        handler: int | str,
+        *args: int,
+    ) -> None:
+        """Fetch ``nbytes`` at ``remote`` of ``peer`` into ``local``; ``handler`` runs here
+        when it has all arrived."""
+
+    @abc.abstractmethod
+    def poll(self) -> int:
+        """Run the handlers of every message that has arrived; returns how many ran."""
+
+    @abc.abstractmethod
+    def acknowledge(self) -> int:
+        """Poll, then acknowledge everything received at once; returns how many handlers
+        ran.  Call it before a long computation that does not poll."""
+
+    @abc.abstractmethod
+    async def wait_until(self, predicate: Callable[[], bool]) -> None:
+        """Poll until ``predicate()`` is true."""
+
+    @abc.abstractmethod
+    async def drain(self, peer: int | None = None) -> None:
+        """Poll until everything sent to ``peer`` (default: every peer) is acknowledged."""
 
 
 class FrameService(Service):

@@ -38,7 +38,6 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeAlias
 
 import attrs
 import trio
@@ -64,20 +63,17 @@ from stacklib.layers.uam.machine import (
 )
 from stacklib.layers.uam.params import UamParams
 from stacklib.layers.uam.wire import MAX_OVERHEAD, PduType
-from stacklib.services import DatagramService, ReliableService, UNetService
+from stacklib.services import (
+    ActiveMessageService,
+    DatagramService,
+    Handler,
+    RemoteAddress,
+    UNetService,
+)
 from stacklib.sim import Resource, Simulation
 from stacklib.unet import Endpoint, RecvKind
 
 __all__ = ["Handler", "RemoteAddress", "UamParams", "UamService"]
-
-Handler: TypeAlias = Callable[..., Any]  # Any: see UpcallHandler in stacklib.unet.endpoint
-"""A handler: ``fn(peer, *args)`` for requests and replies; ``fn(peer, region, offset, nbytes,
-*args)`` for the completion of a store (at the receiver) or a get (at the requester)."""
-
-RemoteAddress: TypeAlias = tuple[int | str, int]
-"""(region id or name, byte offset): an address in a region registered with
-:meth:`UamService.register_region`.  Names resolve through the local table: like GAM, UAM
-assumes the SPMD model, where every node registers the same regions in the same order."""
 
 _DATA_TYPES = frozenset({int(PduType.STORE), int(PduType.GET_REPLY)})
 _RECV_INLINE = RecvKind.INLINE
@@ -86,11 +82,11 @@ MAX_MESSAGE = 1 << 24  # the datagram face accepts any size; this bounds a singl
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
-class UamService(ReliableService):
+class UamService(ActiveMessageService):
     """Generic Active Messages 1.1 with peers over a datagram service; made by
     :class:`UamLayer`.  See docs/uam.md.
 
-    As a :class:`ReliableService` it also carries messages: :meth:`send` is a block store into
+    As a reliable service it also carries messages: :meth:`send` is a block store into
     the peer's inbox and :meth:`recv` takes them out, so the generic workloads run over UAM.
     """
 
