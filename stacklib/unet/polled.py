@@ -21,6 +21,10 @@ from stacklib.wire.descriptor import SendDescriptor
 class PolledNI(NetworkInterface):
     """An NI whose work is done by the host when asked: ``progress``, ``idle_wait``, ``serve``."""
 
+    #: Seconds a waiting receiver polls (with checkpoints) before it sleeps in
+    #: :meth:`idle_wait`; layers that wait on the NI themselves (UAM's lean path) read it.
+    spin_time: float = 0.0
+
     @abc.abstractmethod
     def progress(self) -> int:
         """Deliver what has arrived and take what can be sent, without blocking; how much."""
