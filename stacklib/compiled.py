@@ -160,9 +160,6 @@ def build(progress: Callable[[str], None] | None = None) -> Path:
     shutil.copytree(
         package_dir(), work / "stacklib", ignore=shutil.ignore_patterns("__pycache__", "*.so")
     )
-    recipes = package_dir().parent / "recipes"
-    if recipes.is_dir():  # the bundled recipes sit next to the package (recipes.py)
-        shutil.copytree(recipes, work / "recipes")
     # mypyc type-checks what it compiles: the untyped libraries are taken as Any, as in the
     # project's own mypy settings (pyproject.toml).
     (work / "mypy.ini").write_text(

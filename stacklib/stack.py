@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 import attrs
 import trio
 
+from stacklib import builtin
 from stacklib.errors import AssemblyError
+from stacklib.registry import Registry
 from stacklib.services import Service
 
 if TYPE_CHECKING:
@@ -119,33 +121,32 @@ async def serve(
         raise body_error
 
 
-LAYERS: dict[str, type[Layer]] = {}
+def _accept_layer(obj: object) -> type[Layer] | None:
+    return obj if isinstance(obj, type) and issubclass(obj, Layer) else None
+
+
+#: Every layer recipes can name (built-ins, entry points in ``stacklib.layers``, import paths).
+LAYERS: Registry[type[Layer]] = Registry(
+    "layer",
+    builtin=builtin.LAYERS,
+    name_of=lambda cls: cls.name,
+    accept=_accept_layer,
+    expected="a Layer subclass",
+)
 
 L = TypeVar("L", bound=type[Layer])
 
 
 def register_layer(cls: L) -> L:
     """Class decorator: make a layer available to recipes under ``cls.name``."""
-    existing = LAYERS.get(cls.name)
-    if existing is not None and existing is not cls:
-        raise ValueError(f"layer name {cls.name!r} is taken by {existing.__qualname__}")
-    LAYERS[cls.name] = cls
+    LAYERS.register(cls)
     return cls
 
 
 def layer_class(name: str) -> type[Layer]:
-    """The layer registered as ``name``; ``KeyError`` names the known ones."""
-    _import_builtin_layers()
-    try:
-        return LAYERS[name]
-    except KeyError:
-        known = ", ".join(sorted(LAYERS)) or "none"
-        raise KeyError(f"no layer named {name!r} (known layers: {known})") from None
-
-
-def _import_builtin_layers() -> None:
-    # Importing the layers package registers the layers that ship with stacklib.
-    import stacklib.layers  # noqa: F401
+    """The layer registered as ``name`` (or an import path ``"module:Class"``); an unknown
+    name raises :class:`~stacklib.registry.UnknownName` (a ``KeyError``) naming the known ones."""
+    return LAYERS[name]
 
 
 def _a(word: str) -> str:

@@ -54,6 +54,7 @@ import trio
 
 from stacklib.bench.params import sizes_valid
 from stacklib.bench.result import Cell, Column, Result
+from stacklib.bench.workload import WorkloadKind, register_workload
 from stacklib.errors import PeerUnreachable
 from stacklib.services import DatagramService
 
@@ -702,3 +703,13 @@ async def run_bandwidth(session: Session, params: BandwidthParams) -> Result:
     client = typing.cast(DatagramService, session.services[0])
     server = typing.cast(DatagramService, session.services[1])
     return await bandwidth(client, server, session.peers[0][1], params)
+
+
+BANDWIDTH = register_workload(
+    WorkloadKind(
+        name="bandwidth",
+        Params=BandwidthParams,
+        run=run_bandwidth,
+        description="unidirectional, ping-pong and simultaneous bandwidth vs message size",
+    )
+)

@@ -42,6 +42,7 @@ import attrs
 from stacklib.bench.bandwidth import CONTROL_SIZE, Leader, check_sizes, open_harness
 from stacklib.bench.params import sizes_valid
 from stacklib.bench.result import Cell, Column, Result
+from stacklib.bench.workload import WorkloadKind, register_workload
 from stacklib.services import DatagramService
 from stacklib.sim import Host, World
 
@@ -340,3 +341,13 @@ async def run_logp(session: Session, params: LogPParams) -> Result:
         world=session.world,
         host=session_host(session, 0),
     )
+
+
+LOGP = register_workload(
+    WorkloadKind(
+        name="logp",
+        Params=LogPParams,
+        run=run_logp,
+        description="LogP parameters (RTT/2, Os, Or, g, L) vs message size by delay injection",
+    )
+)

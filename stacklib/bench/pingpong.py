@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics as stats
 import time
+import typing
 
 import attrs
 import trio
@@ -16,6 +17,7 @@ import trio.lowlevel
 
 from stacklib.bench.params import sizes_valid
 from stacklib.bench.result import Column, Result
+from stacklib.bench.workload import Session, WorkloadKind, register_workload
 from stacklib.services import DatagramService, UNetService
 
 
@@ -114,3 +116,20 @@ async def pingpong(
             "messages_per_wall_second": messages / wall if wall > 0 else None,
         },
     )
+
+
+async def _run_pingpong(session: Session, params: PingPongParams) -> Result:
+    # The recipe loader checked that the stack's top provides DatagramService.
+    client = typing.cast(DatagramService, session.services[0])
+    server = typing.cast(DatagramService, session.services[1])
+    return await pingpong(client, server, session.peers[0][1], params)
+
+
+PINGPONG = register_workload(
+    WorkloadKind(
+        name="pingpong",
+        Params=PingPongParams,
+        run=_run_pingpong,
+        description="round-trip time vs message size between two nodes",
+    )
+)

@@ -16,6 +16,8 @@ from typing import Any, Protocol
 
 import attrs
 
+from stacklib import builtin
+from stacklib.registry import Registry
 from stacklib.services import Service, UNetService
 from stacklib.sim import CostProfile, World
 from stacklib.unet.node import Node
@@ -51,39 +53,32 @@ class TransportKind:
     open_nodes: NodeOpener | None = None
 
 
-TRANSPORTS: dict[str, TransportKind] = {}
+def _accept_transport(obj: object) -> TransportKind | None:
+    return obj if isinstance(obj, TransportKind) else None
+
+
+#: Every transport recipes can name (built-ins, entry points in ``stacklib.transports``,
+#: import paths ``"module:KIND"`` naming a :class:`TransportKind`).
+TRANSPORTS: Registry[TransportKind] = Registry(
+    "transport",
+    builtin=builtin.TRANSPORTS,
+    name_of=lambda kind: kind.name,
+    accept=_accept_transport,
+    expected="a TransportKind",
+)
 
 
 def register_transport(kind: TransportKind) -> TransportKind:
     """Make a transport available to recipes under ``kind.name``."""
-    if kind.name in TRANSPORTS and TRANSPORTS[kind.name] is not kind:
-        raise ValueError(f"transport name {kind.name!r} is taken")
-    TRANSPORTS[kind.name] = kind
-    return kind
+    return TRANSPORTS.register(kind)
 
 
 def transport_kind(name: str) -> TransportKind:
-    """The transport registered as ``name``; ``KeyError`` names the known ones."""
-    _import_builtin_transports()
-    try:
-        return TRANSPORTS[name]
-    except KeyError:
-        known = ", ".join(sorted(TRANSPORTS)) or "none"
-        raise KeyError(f"no transport named {name!r} (known transports: {known})") from None
+    """The transport registered as ``name`` (or an import path); an unknown name raises
+    :class:`~stacklib.registry.UnknownName` (a ``KeyError``) naming the known ones."""
+    return TRANSPORTS[name]
 
 
 def transports() -> Mapping[str, TransportKind]:
-    """Every registered transport."""
-    _import_builtin_transports()
-    return TRANSPORTS
-
-
-def _import_builtin_transports() -> None:
-    from stacklib.transports import (  # noqa: F401  (they register themselves)
-        ether,
-        memory,
-        shm,
-        sim,
-        tap,
-        udp,
-    )
+    """Every transport, by name (built-in ones and those of installed distributions)."""
+    return TRANSPORTS.load_all()

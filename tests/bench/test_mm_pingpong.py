@@ -12,7 +12,7 @@ import pytest
 from stacklib.errors import ConfigError
 from stacklib.recipes import parse_recipe, run_recipe
 
-REPO_RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+REPO_RECIPES = Path(__file__).resolve().parents[2] / "stacklib" / "recipes"
 
 #: Table 1's sums per one-way trip (us) with a full TLB: hit, send miss, receive miss (the
 #: terms as in stacklib.experiments.mm.integrated_figures).

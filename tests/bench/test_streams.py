@@ -12,7 +12,7 @@ from stacklib.bench.streams import TcpStreamParams, UdpPingPongParams
 from stacklib.bench.tcp_bulk import bench_tcp, kernel_transfer, stacklib_transfer
 from stacklib.recipes import load_recipe, run_recipe
 
-RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+RECIPES = Path(__file__).resolve().parents[2] / "stacklib" / "recipes"
 
 
 @pytest.mark.parametrize(

@@ -450,7 +450,7 @@ def test_params_are_validated(key: str, value: object) -> None:
 
 @pytest.mark.parametrize("name", ["unet-atm-uam", "unet-fe-uam"])
 def test_recipes_run(name: str) -> None:
-    recipe = load_recipe(REPO / "recipes" / f"{name}.toml")
+    recipe = load_recipe(REPO / "stacklib" / "recipes" / f"{name}.toml")
     assert [cls for cls, _ in recipe.layers] == [UamLayer]
     result = run_recipe(recipe)
     rtts = {row["size"]: row["rtt_us"] for row in result.rows}

@@ -17,7 +17,7 @@ from stacklib.experiments.myrinet import open_session
 from stacklib.layers.myrinet import LIBRARIES
 from stacklib.recipes import load_recipe, parse_recipe, run_recipe
 
-REPO_RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+REPO_RECIPES = Path(__file__).resolve().parents[2] / "stacklib" / "recipes"
 
 
 def _data(library: str) -> dict[str, Any]:

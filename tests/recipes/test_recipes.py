@@ -9,7 +9,7 @@ import pytest
 from stacklib.errors import ConfigError
 from stacklib.recipes import list_recipes, load_recipe, parse_recipe, run_recipe
 
-REPO_RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+REPO_RECIPES = Path(__file__).resolve().parents[2] / "stacklib" / "recipes"
 
 MINIMAL = {
     "transport": {"kind": "memory"},

@@ -17,7 +17,7 @@ from stacklib.errors import AssemblyError, ConfigError
 from stacklib.recipes import load_recipe, parse_recipe, run_recipe, workload_nodes
 from stacklib.transports.sim.machines import MACHINES
 
-REPO_RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+REPO_RECIPES = Path(__file__).resolve().parents[2] / "stacklib" / "recipes"
 SPLITC_RECIPES = sorted(REPO_RECIPES.glob("splitc-*.toml"))
 
 

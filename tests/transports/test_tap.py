@@ -59,7 +59,7 @@ ETH = struct.Struct("!6s6sH")
 ARP = struct.Struct("!HHBBH6s4s6s4s")
 IPV4 = struct.Struct("!BBHHHBBH4s4s")
 ETHERTYPE_IPV4, ETHERTYPE_ARP = 0x0800, 0x0806
-RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+RECIPES = Path(__file__).resolve().parents[2] / "stacklib" / "recipes"
 TIMEOUT = 5  # seconds for one exchange; the tests take well under one each
 
 

@@ -58,11 +58,9 @@ import attrs
 import trio
 
 from stacklib.bench import Result, Session, WorkloadKind, workload_kind
-from stacklib.bench import mm_pingpong as _mm_pingpong  # noqa: F401  (registers mm-pingpong)
-from stacklib.bench.splitc import workload as _splitc_workload  # noqa: F401  (registers splitc)
 from stacklib.config import structure
 from stacklib.errors import AssemblyError, ConfigError
-from stacklib.layers.myrinet import transport as _myrinet  # noqa: F401  (registers transports)
+from stacklib.registry import RegistryError
 from stacklib.services import Service, UNetService
 from stacklib.sim import CostProfile, RealWorld, Resource, Simulation, World
 from stacklib.stack import Layer, Placement, check_fit, layer_class, open_stacks
@@ -70,9 +68,9 @@ from stacklib.transports import TransportKind, transport_kind
 from stacklib.unet import EndpointConfig, connect
 
 #: Where recipe names are looked up, in order: $STACKLIB_RECIPES (a path list), ./recipes,
-#: and the recipes/ folder next to the installed package (the repository's, for an editable
-#: install).
-PACKAGE_RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+#: and the recipes that ship inside this package (this folder), so they are found from any
+#: directory after a plain install.
+PACKAGE_RECIPES = Path(__file__).resolve().parent
 
 
 def recipe_dirs() -> list[Path]:
@@ -255,8 +253,8 @@ def parse_recipe(data: Mapping[str, object], where: str, path: Path | None = Non
     kind_name, params = _kind(_table(data, "transport", where), where, "transport")
     try:
         transport = transport_kind(kind_name)
-    except KeyError as error:
-        raise ConfigError(where, "transport.kind", str(error.args[0])) from None
+    except RegistryError as error:
+        raise ConfigError(where, "transport.kind", str(error)) from None
     if transport.clock != "any" and transport.clock != run.clock:
         raise ConfigError(
             where, "run.clock", f"transport {kind_name!r} runs only in {transport.clock} time"
@@ -302,8 +300,8 @@ def parse_recipe(data: Mapping[str, object], where: str, path: Path | None = Non
         layer_name, params = _kind(raw, where, key)
         try:
             cls = layer_class(layer_name)
-        except KeyError as error:
-            raise ConfigError(where, f"{key}.kind", str(error.args[0])) from None
+        except RegistryError as error:
+            raise ConfigError(where, f"{key}.kind", str(error)) from None
         raw_params.append(params)
         layers.append(
             (cls, structure(cls.Params, _expand_table(params, 0, where, key), where, key))
@@ -312,8 +310,8 @@ def parse_recipe(data: Mapping[str, object], where: str, path: Path | None = Non
     workload_name, params = _kind(_table(data, "workload", where), where, "workload")
     try:
         workload = workload_kind(workload_name)
-    except KeyError as error:
-        raise ConfigError(where, "workload.kind", str(error.args[0])) from None
+    except RegistryError as error:
+        raise ConfigError(where, "workload.kind", str(error)) from None
     workload_params = structure(workload.Params, params, where, "workload")
     nodes = workload_nodes(workload, workload_params)
     node_params, auto_peers = _per_node(layers, raw_params, nodes, where)
