@@ -28,12 +28,51 @@ def _parse_assignment(text: str) -> tuple[list[str], object]:
 def _apply_overrides(data: dict[str, Any], assignments: Sequence[str]) -> None:
     for text in assignments:
         path, value = _parse_assignment(text)
-        table = data
-        for part in path[:-1]:
+        table: Any = data
+        for depth, part in enumerate(path[:-1]):
+            if isinstance(table, list):
+                table = _array_item(table, part, ".".join(path[:depth]), text)
+                continue
             table = table.setdefault(part, {})
-            if not isinstance(table, dict):
+            if not isinstance(table, dict | list):
                 raise ConfigError("--set", text, f"{part} is not a table")
+        if isinstance(table, list):
+            raise ConfigError("--set", text, f"{'.'.join(path[:-1])} is an array: name an item")
         table[path[-1]] = value
+
+
+def _array_item(items: list[Any], part: str, where: str, text: str) -> dict[str, Any]:
+    """The table of an array of tables (``[[layers]]``) that ``part`` names: its index, or
+    the ``kind`` of exactly one of them (``layers.arq.rto_us``)."""
+    if part.lstrip("-").isdigit():
+        index = int(part)
+        if not 0 <= index < len(items):
+            raise ConfigError(
+                "--set", text, f"{where} has {len(items)} items: no index {index} (0-based)"
+            )
+        item = items[index]
+    else:
+        matches = [
+            i for i, item in enumerate(items) if isinstance(item, dict) and item.get("kind") == part
+        ]
+        kinds = [item.get("kind") for item in items if isinstance(item, dict)]
+        if not matches:
+            raise ConfigError(
+                "--set",
+                text,
+                f"no item of {where} has kind {part!r} (kinds: {kinds}; or give an index)",
+            )
+        if len(matches) > 1:
+            raise ConfigError(
+                "--set",
+                text,
+                f"{len(matches)} items of {where} have kind {part!r} "
+                f"(indices {matches}): give an index",
+            )
+        item = items[matches[0]]
+    if not isinstance(item, dict):
+        raise ConfigError("--set", text, f"{where}.{part} is not a table")
+    return item
 
 
 def load_recipe(recipe: str, assignments: Sequence[str]) -> Any:
@@ -59,7 +98,8 @@ def add_set_option(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="override a recipe value before validation, KEY=VALUE with a dotted key and a TOML "
-        "value, e.g. --set workload.iterations=100 (repeatable)",
+        "value, e.g. --set workload.iterations=100; a layer by index or kind: "
+        "--set layers.0.rto_us=500 or --set layers.arq.rto_us=500 (repeatable)",
     )
 
 
