@@ -237,3 +237,31 @@ def test_a_layer_in_its_own_distribution_runs_from_a_recipe_through_the_cli(
     )
     assert refused.returncode == 2
     assert "no layer named 'seqsum'" in refused.stderr
+
+
+@pytest.mark.slow
+def test_a_plain_install_ships_the_recipes(tmp_path: Path) -> None:
+    # A non-editable install of stacklib itself into a folder of its own: the recipes come
+    # with the package and are found from any directory.
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+         str(REPO)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )  # fmt: skip
+    shipped = sorted(p.name for p in (target / "stacklib" / "recipes").glob("*.toml"))
+    assert shipped == sorted(p.name for p in (REPO / "stacklib" / "recipes").glob("*.toml"))
+    listed = subprocess.run(
+        [sys.executable, "-m", "stacklib.cli", "list", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"},
+        timeout=300,
+        check=True,
+    )
+    recipes = {r["name"]: r["path"] for r in json.loads(listed.stdout)}
+    assert "unet-memory-pingpong" in recipes
+    assert recipes["unet-memory-pingpong"].startswith(str(target))

@@ -1,11 +1,6 @@
 """Protocol layers, each a wire format, a sans-IO core and a trio driver.
 
-Importing this package registers the layers that ship with stacklib (see stacklib.stack).
+Each layer registers itself with :mod:`stacklib.stack` when its module is imported; recipes
+find the built-in ones through :mod:`stacklib.builtin`, so this package imports none of them
+(importing one layer does not import them all).
 """
-
-from __future__ import annotations
-
-# Imported for their registration with stacklib.stack.
-from stacklib.layers import arq, ip, splitc, tcp, uam, udp
-
-__all__ = ["arq", "ip", "splitc", "tcp", "uam", "udp"]

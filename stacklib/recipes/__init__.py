@@ -394,6 +394,27 @@ def list_recipes() -> list[tuple[str, str, Path]]:
 
 
 async def _run(recipe: Recipe, world: World, params: Any, pcap: str | None = None) -> Result:
+    async with open_session(recipe, world, params, pcap=pcap) as session:
+        return await recipe.workload.run(session, params)
+
+
+@asynccontextmanager
+async def open_session(
+    recipe: Recipe,
+    world: World,
+    workload_params: Any = None,
+    *,
+    pcap: str | None = None,
+) -> AsyncIterator[Session]:
+    """Build the recipe's network in ``world``, open one stack per node and yield the
+    :class:`~stacklib.bench.Session` a workload runs on (its top services and peer tables).
+
+    Call it inside ``world``'s run (``Simulation.run`` or ``trio.run``); leaving the block
+    closes the stacks.  ``workload_params`` (default: the recipe's) decide how many nodes a
+    workload with a ``nodes`` parameter gets; ``pcap`` names a capture file for the links of
+    a simulated transport.
+    """
+    params = recipe.workload_params if workload_params is None else workload_params
     names = [f"node{i}" for i in range(workload_nodes(recipe.workload, params))]
     network = recipe.transport.build(world, recipe.transport_params, names, recipe.profile)
     capture = None
@@ -409,38 +430,31 @@ async def _run(recipe: Recipe, world: World, params: Any, pcap: str | None = Non
 
         capture = FabricCapture(fabric, pcap)
     try:
-        return await _run_workload(recipe, world, params, network, names)
+        nodes = [network.nodes[name] for name in names]
+        bottoms: list[Service]
+        if recipe.transport.open_nodes is not None:
+            bottoms, peers = recipe.transport.open_nodes(network, recipe.transport_params)
+        else:
+            endpoints = [
+                node.os.create_endpoint(
+                    node.os.process(f"{recipe.name}@{node.name}"),
+                    recipe.endpoint,
+                    emulated=recipe.emulated,
+                )
+                for node in nodes
+            ]
+            peers = [{} for _ in nodes]
+            for i in range(len(nodes)):
+                for j in range(i + 1, len(nodes)):
+                    peers[i][j], peers[j][i] = connect(endpoints[i], endpoints[j])
+            bottoms = [UNetService(ep) for ep in endpoints]
+        simulated = isinstance(world, Simulation)
+        cpus = [node.host.resource("cpu") if simulated else None for node in nodes]
+        async with _open_stacks(recipe, bottoms, peers, cpus) as services:
+            yield Session(world, network, services, peers)
     finally:
         if capture is not None:
             capture.close()
-
-
-async def _run_workload(
-    recipe: Recipe, world: World, params: Any, network: Any, names: list[str]
-) -> Result:
-    nodes = [network.nodes[name] for name in names]
-    bottoms: list[Service]
-    if recipe.transport.open_nodes is not None:
-        bottoms, peers = recipe.transport.open_nodes(network, recipe.transport_params)
-    else:
-        endpoints = [
-            node.os.create_endpoint(
-                node.os.process(f"{recipe.name}@{node.name}"),
-                recipe.endpoint,
-                emulated=recipe.emulated,
-            )
-            for node in nodes
-        ]
-        peers = [{} for _ in nodes]
-        for i in range(len(nodes)):
-            for j in range(i + 1, len(nodes)):
-                peers[i][j], peers[j][i] = connect(endpoints[i], endpoints[j])
-        bottoms = [UNetService(ep) for ep in endpoints]
-    simulated = isinstance(world, Simulation)
-    cpus = [node.host.resource("cpu") if simulated else None for node in nodes]
-    async with _open_stacks(recipe, bottoms, peers, cpus) as services:
-        session = Session(world, network, services, peers)
-        return await recipe.workload.run(session, params)
 
 
 @asynccontextmanager
