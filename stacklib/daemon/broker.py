@@ -10,8 +10,8 @@ import trio
 
 from stacklib.daemon.client import DaemonClient
 from stacklib.daemon.protocol import DaemonError
+from stacklib.errors import PeerGone
 from stacklib.transports.shm import (
-    PeerGone,
     RegionHeader,
     RegionSpec,
     ShmAddress,

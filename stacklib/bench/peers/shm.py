@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
-from stacklib.transports.shm import PeerGone, ShmAddress, ShmEndpoint, ShmNetwork, relax
+from stacklib.errors import PeerGone
+from stacklib.transports.shm import ShmAddress, ShmEndpoint, ShmNetwork, relax
 from stacklib.unet.endpoint import EndpointConfig
 
 if TYPE_CHECKING:

@@ -52,11 +52,12 @@ from collections.abc import Sequence
 
 import attrs
 
+from stacklib.errors import PeerGone
 from stacklib.sim import World
 from stacklib.sim.costs import CostProfile
 from stacklib.transports import TransportKind, register_transport
 from stacklib.transports.shm.endpoint import ShmEndpoint, relax
-from stacklib.transports.shm.link import PeerGone, ShmLink
+from stacklib.transports.shm.link import ShmLink
 from stacklib.transports.shm.network import SPIN_TIME, ShmNetwork
 from stacklib.transports.shm.ni import ShmNI
 from stacklib.transports.shm.region import (

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from stacklib.transports.shm.link import PeerGone, ShmLink
+from stacklib.errors import PeerGone
+from stacklib.transports.shm.link import ShmLink
 from stacklib.unet.endpoint import DropReason, Endpoint, Message
 from stacklib.wire.descriptor import DescriptorStatus, SendDescriptor
 

@@ -13,7 +13,6 @@ import os
 import select
 from typing import TYPE_CHECKING
 
-from stacklib.errors import ChannelError
 from stacklib.transports.shm.region import (
     HEADER_BYTES,
     RECLAIMED_WORD,
@@ -29,10 +28,6 @@ from stacklib.transports.shm.ring import Ring
 
 if TYPE_CHECKING:
     from stacklib.transports.shm.ni import ShmNI
-
-
-class PeerGone(ChannelError):
-    """The process at the other end of a channel died or closed its side."""
 
 
 class ShmLink:
