@@ -115,7 +115,7 @@ class EtherNI(SocketNI):
     def address_of(self, endpoint: Endpoint) -> EtherAddress:
         return EtherAddress(self.mac, endpoint.port)
 
-    def _tags(self, endpoint: Endpoint, remote: object) -> tuple[Hashable, Hashable]:
+    def tags(self, endpoint: Endpoint, remote: object) -> tuple[Hashable, Hashable]:
         if not isinstance(remote, EtherAddress):
             raise ChannelError(f"{self!r} cannot reach {remote!r}: not an EtherAddress")
         try:
@@ -129,7 +129,7 @@ class EtherNI(SocketNI):
         # Sent: destination MAC and port.  Received: source MAC and our port (paper 001 §3.1).
         return (mac, remote.port), (mac, endpoint.port)
 
-    def _transmit(
+    def transmit(
         self, endpoint: Endpoint, channel: Channel, descriptor: SendDescriptor, data: Payload
     ) -> bool:
         tag: tuple[bytes, int] = channel.tx_tag  # type: ignore[assignment]
@@ -151,7 +151,7 @@ class EtherNI(SocketNI):
             if error.errno not in (errno.ENETDOWN, errno.ENXIO, errno.ENODEV):
                 raise
             self.lost += 1
-        self._injected(endpoint, descriptor, length)
+        self.injected(endpoint, descriptor, length)
         return True
 
     def progress(self) -> int:
@@ -160,7 +160,7 @@ class EtherNI(SocketNI):
         buffer = self._buffer
         view = memoryview(buffer)
         recv = self.sock.recvfrom_into
-        demux = self._demux
+        demux = self.demux
         while True:
             try:
                 size, address = recv(buffer)
@@ -180,11 +180,11 @@ class EtherNI(SocketNI):
             if entry is not None and entry[0].recv_queue.full:
                 self.drop(DropReason.RECV_QUEUE_FULL, entry[0])
                 continue
-            self._deliver(key, frame.payload)
+            self.deliver(key, frame.payload)
             delivered += 1
         if self._tx_blocked:
             self._tx_blocked = False
-            self._resume()
+            self.resume()
         return delivered
 
     async def _wait_writable(self) -> None:

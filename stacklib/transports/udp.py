@@ -142,7 +142,7 @@ class UdpNI(SocketNI):
     def address_of(self, endpoint: Endpoint) -> UdpAddress:
         return UdpAddress(self.local[0], self.local[1], endpoint.port)
 
-    def _tags(self, endpoint: Endpoint, remote: object) -> tuple[Hashable, Hashable]:
+    def tags(self, endpoint: Endpoint, remote: object) -> tuple[Hashable, Hashable]:
         if not isinstance(remote, UdpAddress):
             raise ChannelError(f"{self!r} cannot reach {remote!r}: not a UdpAddress")
         try:
@@ -158,7 +158,7 @@ class UdpNI(SocketNI):
             endpoint.port,
         )
 
-    def _transmit(
+    def transmit(
         self, endpoint: Endpoint, channel: Channel, descriptor: SendDescriptor, data: Payload
     ) -> bool:
         tag: tuple[str, int, int] = channel.tx_tag  # type: ignore[assignment]
@@ -174,7 +174,7 @@ class UdpNI(SocketNI):
             if error.errno not in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH):
                 raise
             self.lost += 1
-        self._injected(endpoint, descriptor, len(data))
+        self.injected(endpoint, descriptor, len(data))
         return True
 
     def progress(self) -> int:
@@ -195,16 +195,16 @@ class UdpNI(SocketNI):
                 self.drop(DropReason.MALFORMED)
                 continue
             key = (src_host, src_udp, header.src_port, header.dst_port)
-            entry = self._demux.get(key)
+            entry = self.demux.get(key)
             if entry is not None and entry[0].recv_queue.full:
                 # No room: this is a loss (UDP has no back-pressure across the network).
                 self.drop(DropReason.RECV_QUEUE_FULL, entry[0])
                 continue
-            self._deliver(key, payload)
+            self.deliver(key, payload)
             delivered += 1
         if self._tx_blocked:
             self._tx_blocked = False
-            self._resume()
+            self.resume()
         return delivered
 
 

@@ -148,7 +148,7 @@ class ShmEndpoint(Endpoint):
         ni = self.ni
         deadline = time.perf_counter() + ni.spin_time
         while True:
-            self._check_usable()
+            self.check_open()
             if time.perf_counter() < deadline:
                 await trio.lowlevel.checkpoint()
             else:

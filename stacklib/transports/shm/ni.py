@@ -73,7 +73,7 @@ class ShmNI(PolledNI):
     def address_of(self, endpoint: Endpoint) -> ShmAddress:
         return ShmAddress(self.name, endpoint.port)
 
-    def _tags(self, endpoint: Endpoint, remote: object) -> tuple[Hashable, Hashable]:
+    def tags(self, endpoint: Endpoint, remote: object) -> tuple[Hashable, Hashable]:
         if not isinstance(remote, ShmAddress):
             raise ChannelError(f"{self!r} cannot reach {remote!r}: not a ShmAddress")
         if not NODE_NAME.match(remote.node) or not 0 <= remote.port < 1 << 16:
@@ -90,9 +90,9 @@ class ShmNI(PolledNI):
         self._link_list.append(link)
         return link, rx_key
 
-    def _register(self, endpoint: Endpoint, channel: Channel) -> None:
+    def register_channel(self, endpoint: Endpoint, channel: Channel) -> None:
         try:
-            super()._register(endpoint, channel)
+            super().register_channel(endpoint, channel)
         except BaseException:
             self._drop_link(channel.rx_key)
             raise
@@ -100,8 +100,8 @@ class ShmNI(PolledNI):
         if isinstance(endpoint, ShmEndpoint) and link is not None:
             endpoint.add_rx_link(link, channel.id)
 
-    def _unregister(self, endpoint: Endpoint, channel: Channel) -> None:
-        super()._unregister(endpoint, channel)
+    def unregister_channel(self, endpoint: Endpoint, channel: Channel) -> None:
+        super().unregister_channel(endpoint, channel)
         if isinstance(endpoint, ShmEndpoint):
             endpoint.remove_rx_link(channel.id)
         self._drop_link(channel.rx_key)
@@ -120,15 +120,15 @@ class ShmNI(PolledNI):
         return found
 
     # ---------------------------------------------------------------- send path
-    def _validate(self, endpoint: Endpoint, descriptor: SendDescriptor) -> SendError:
-        error = super()._validate(endpoint, descriptor)
+    def validate(self, endpoint: Endpoint, descriptor: SendDescriptor) -> SendError:
+        error = super().validate(endpoint, descriptor)
         if error is SendError.NONE:
             link = endpoint.channels[descriptor.channel].tx_tag
             if isinstance(link, ShmLink) and link.failed is not None:
                 return SendError.CHANNEL_CLOSED
         return error
 
-    def _transmit(
+    def transmit(
         self, endpoint: Endpoint, channel: Channel, descriptor: SendDescriptor, data: Payload
     ) -> bool:
         link: ShmLink = channel.tx_tag  # type: ignore[assignment]
@@ -149,7 +149,7 @@ class ShmNI(PolledNI):
         if ring.consumer_sleeping:
             self.wakeups_sent += 1
             link.wake_peer()
-        self._injected(endpoint, descriptor, len(data))
+        self.injected(endpoint, descriptor, len(data))
         return True
 
     # ---------------------------------------------------------------- receive path
@@ -163,7 +163,7 @@ class ShmNI(PolledNI):
             ring = link.rx
             if not ring.pending:
                 continue
-            entry = self._demux.get(link.rx_key)
+            entry = self.demux.get(link.rx_key)
             if entry is None:
                 continue
             endpoint = entry[0]
@@ -177,7 +177,7 @@ class ShmNI(PolledNI):
                 if length > inline and not _room(endpoint, length):
                     view.release()
                     break
-                self._fill(endpoint, entry[1], view, None)
+                self.deliver_to(endpoint, entry[1], view, None)
                 ring.release(view)
                 delivered += 1
             if ring.corrupt != before:
@@ -188,7 +188,7 @@ class ShmNI(PolledNI):
                 link.wake_peer()
         if self.tx_blocked:
             self.tx_blocked = False
-            self._resume()
+            self.resume()
         return delivered
 
     def check_peers(self) -> None:

@@ -67,7 +67,7 @@ class I960NI(SimNI):
         self.params = params
         self._seconds_cache: tuple[I960Params, tuple[float, ...]] | None = None
         cls = type(self)
-        #: No subclass replaced a hook that _transmit inlines.
+        #: No subclass replaced a hook that transmit inlines.
         self._fused = (
             cls.tx_ready is SimNI.tx_ready
             and cls.wire_tag is I960NI.wire_tag
@@ -138,12 +138,12 @@ class I960NI(SimNI):
         first, last = stage(self.engine, now, now, cells, per, head)
         return stage(self.bus, first, last, cells, k[3])
 
-    def _transmit(
+    def transmit(
         self, endpoint: Endpoint, channel: Channel, descriptor: SendDescriptor, data: Payload
     ) -> bool:
         if not self._fused:
-            return super()._transmit(endpoint, channel, descriptor, data)
-        # SimNI._transmit with tx_ready, wire_tag and tx_timing inlined (once per message):
+            return super().transmit(endpoint, channel, descriptor, data)
+        # SimNI.transmit with tx_ready, wire_tag and tx_timing inlined (once per message):
         # the same reservations, heap entries and packet, in the same order.
         world = self.world
         now = world.now()

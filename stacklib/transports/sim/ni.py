@@ -110,7 +110,7 @@ class SimNI(NetworkInterface):
     def address_of(self, endpoint: Endpoint) -> SimAddress:
         return SimAddress(self.name, endpoint.port)
 
-    def _tags(self, endpoint: Endpoint, remote: object) -> tuple[Hashable, Hashable]:
+    def tags(self, endpoint: Endpoint, remote: object) -> tuple[Hashable, Hashable]:
         if not isinstance(remote, SimAddress):
             raise ChannelError(f"{self!r} cannot reach {remote!r}: not a SimAddress")
         if remote.node not in self.fabric.nis:
@@ -172,12 +172,12 @@ class SimNI(NetworkInterface):
         if self._poll_at != when:
             return  # superseded by an earlier poll
         self._poll_at = None
-        # _resume() inlined (once per message on a polling NI): the same loop.
+        # resume() inlined (once per message on a polling NI): the same loop.
         for endpoint in list(self.endpoints.values()):
             if endpoint.send_queue:
-                self._service(endpoint)
+                self.service(endpoint)
 
-    def _transmit(
+    def transmit(
         self, endpoint: Endpoint, channel: Channel, descriptor: SendDescriptor, data: Payload
     ) -> bool:
         world = self.world
@@ -205,8 +205,8 @@ class SimNI(NetworkInterface):
         return True
 
     def _tx_done(self, endpoint: Endpoint, descriptor: SendDescriptor, length: int) -> None:
-        self._injected(endpoint, descriptor, length)
-        endpoint._send_progress()
+        self.injected(endpoint, descriptor, length)
+        endpoint.notify_sent()
 
     # ------------------------------------------------------------------ receive path
 
@@ -220,9 +220,9 @@ class SimNI(NetworkInterface):
             # The AAL5 CRC (or Ethernet FCS) check fails: the whole message is dropped.
             self.drop(DropReason.CORRUPTED)
             return
-        # _deliver() inlined (once per message): the same look-up, drop and fill.
-        entry = self._demux.get(packet.rx_key)
+        # deliver() inlined (once per message): the same look-up, drop and fill.
+        entry = self.demux.get(packet.rx_key)
         if entry is None:
             self.dropped[DropReason.UNKNOWN_TAG] += 1
             return
-        self._fill(entry[0], entry[1], packet.payload, packet.dest_offset)
+        self.deliver_to(entry[0], entry[1], packet.payload, packet.dest_offset)
