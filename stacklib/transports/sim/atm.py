@@ -148,7 +148,7 @@ class I960NI(SimNI):
         world = self.world
         now = world.now()
         ready = self.engine.busy_until
-        link = self._egress.busy_until - self.tx_backlog
+        link = self.egress_link.busy_until - self.tx_backlog
         if link > ready:
             ready = link
         if ready > now:
@@ -161,7 +161,7 @@ class I960NI(SimNI):
         first_out, last_out = self._tx_stages(shape.units, now)
         packet = Packet(self.name, node, vci, bytes(data), descriptor.dest_offset, shape, vci)
         world.call_at(last_out, self._tx_done, endpoint, descriptor, length)
-        self.fabric._transmit_from(self, packet, first_out, last_out)
+        self.fabric.transmit_from(self, packet, first_out, last_out)
         return True
 
     def rx_timing(self, packet: Packet, first_in: float, last_in: float) -> float:

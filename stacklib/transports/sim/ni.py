@@ -77,7 +77,7 @@ class SimNI(NetworkInterface):
         self.uplink: Resource = host.resource("uplink")  # replaced by Fabric.attach
         self.downlink: Resource = host.resource("downlink")
         #: ``fabric.egress(self)``, set by Fabric.attach (read once per message).
-        self._egress: Resource = self.uplink
+        self.egress_link: Resource = self.uplink
         self.link: LinkTech = fabric.tech
         #: Delay from a doorbell to the NI noticing the descriptor (an NI polling its queues).
         self.poll_latency = poll_latency
@@ -146,12 +146,12 @@ class SimNI(NetworkInterface):
         """When the NI can take the next send descriptor: its processor is free and its link
         has room in the output FIFO."""
         engine = self.engine.busy_until
-        link = self._egress.busy_until - self.tx_backlog  # link_ready(), inlined
+        link = self.egress_link.busy_until - self.tx_backlog  # link_ready(), inlined
         return engine if engine >= link else link
 
     def link_ready(self) -> float:
         """When the link's queue has drained to the NI's transmit backlog."""
-        return self._egress.busy_until - self.tx_backlog
+        return self.egress_link.busy_until - self.tx_backlog
 
     # ------------------------------------------------------------------ send path
 
@@ -201,7 +201,7 @@ class SimNI(NetworkInterface):
             tag,
         )
         world.call_at(injected, self._tx_done, endpoint, descriptor, length)
-        self.fabric._transmit_from(self, packet, first_out, last_out)
+        self.fabric.transmit_from(self, packet, first_out, last_out)
         return True
 
     def _tx_done(self, endpoint: Endpoint, descriptor: SendDescriptor, length: int) -> None:
@@ -210,7 +210,7 @@ class SimNI(NetworkInterface):
 
     # ------------------------------------------------------------------ receive path
 
-    def _arrive(self, packet: Packet, first_in: float, last_in: float) -> None:
+    def arrive(self, packet: Packet, first_in: float, last_in: float) -> None:
         """The first unit of ``packet`` reached this NI (called at ``first_in``)."""
         done = self.rx_timing(packet, first_in, last_in)
         self.world.call_at(done, self._rx_done, packet)
