@@ -32,11 +32,9 @@ import ipaddress
 import socket
 import struct
 from collections.abc import Hashable, Sequence
-from typing import Any
 
 import attrs
 import construct as c
-import trio
 
 from stacklib.errors import ChannelError, FormatError
 from stacklib.sim import Host, RealWorld, World
@@ -258,28 +256,6 @@ class UdpNetwork(HandleNetwork):
         node = Node(name, host, ni, OSService(ni, policy=policy))
         self.nodes[name] = node
         return node
-
-
-def udp_echo_main(port_out: Any, port: int = 1) -> None:
-    """A peer process: a udp node whose endpoint ``port`` echoes every message (blocking
-    receive).  Sends its address through ``port_out`` (a multiprocessing queue), then expects
-    the client's address back."""
-    network = UdpNetwork()
-    node = network.add_node("echo")
-    endpoint = node.os.create_endpoint(node.os.process("echo"), port=port)
-    port_out.put(endpoint.address)
-    client: UdpAddress = port_out.get(timeout=30)
-    channel = node.os.create_channel(endpoint.owner, endpoint, client)
-
-    async def serve() -> None:
-        while True:
-            message = await endpoint.recv()
-            await endpoint.send(channel, message.data)
-
-    try:
-        trio.run(serve)
-    finally:
-        network.close()
 
 
 @attrs.frozen
