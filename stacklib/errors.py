@@ -70,11 +70,12 @@ class EndpointClosed(UNetError, trio.ClosedResourceError):
 class PeerGone(ChannelError, trio.BrokenResourceError):
     """The process at the other end of a channel died or closed its side.
 
-    The one error a real transport raises for a peer that left: once from a receive call,
-    after every message the peer sent before leaving was received, and from every later send
-    on that channel.  Transports that can see a peer leave (shm, with or without the daemon)
-    raise it; on datagram transports (udp, ether, tap) a departed peer looks like loss, as in
-    paper 000 §3, and nothing is raised.
+    The one error a real transport raises for a peer that left: once from a blocking
+    ``recv()``, after every message the peer sent before leaving was received, and from every
+    later send on that channel (``poll()`` and ``recv_nowait()`` just find nothing).
+    Transports that can see a peer leave (shm, with or without the daemon) raise it; on
+    datagram transports (udp, ether, tap) a departed peer looks like loss, as in paper 000 §3,
+    and nothing is raised.
     """
 
 
