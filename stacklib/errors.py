@@ -8,9 +8,17 @@ Two families, kept apart on purpose (see docs/architecture.md, "Bad input and mi
 * Misuse of an API by the program (a descriptor outside the segment through a helper, a channel
   the caller does not own, a stack whose layers do not fit) raises an exception that names the
   problem.
+
+Closing follows trio: an operation on an endpoint its owner (or the OS service) closed raises
+:class:`EndpointClosed`, a :class:`trio.ClosedResourceError`; a channel whose peer process left
+raises :class:`PeerGone`, a :class:`trio.BrokenResourceError`.  So ``async for`` over an endpoint
+or a datagram service ends when it is closed, and ``except trio.BrokenResourceError`` (or
+``PeerGone``) is how a program handles a peer that finished first.
 """
 
 from __future__ import annotations
+
+import trio
 
 
 class StacklibError(Exception):
@@ -51,8 +59,24 @@ class SegmentError(UNetError, IndexError):
     """An access through the API falls outside a communication segment."""
 
 
-class EndpointClosed(UNetError):
-    """The endpoint was closed (by its owner, or reclaimed by the OS service)."""
+class EndpointClosed(UNetError, trio.ClosedResourceError):
+    """The endpoint was closed (by its owner, or reclaimed by the OS service).
+
+    Raised by every send, post and receive call on the closed endpoint once nothing is left to
+    receive; ``async for`` over the endpoint (or a service on it) ends instead.
+    """
+
+
+class PeerGone(ChannelError, trio.BrokenResourceError):
+    """The process at the other end of a channel died or closed its side.
+
+    The one error a real transport raises for a peer that left: once from a blocking
+    ``recv()``, after every message the peer sent before leaving was received, and from every
+    later send on that channel (``poll()`` and ``recv_nowait()`` just find nothing).
+    Transports that can see a peer leave (shm, with or without the daemon) raise it; on
+    datagram transports (udp, ether, tap) a departed peer looks like loss, as in paper 000 §3,
+    and nothing is raised.
+    """
 
 
 class AssemblyError(StacklibError):

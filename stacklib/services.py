@@ -80,6 +80,10 @@ class DatagramService(Service):
         return self
 
     async def __anext__(self) -> tuple[int, bytes]:
+        """The next message; iteration ends when the service (or the endpoint under it) is
+        closed: :class:`trio.EndOfChannel` or :class:`trio.ClosedResourceError`, which
+        :class:`~stacklib.errors.EndpointClosed` is.  A peer that left
+        (:class:`~stacklib.errors.PeerGone`, a :class:`trio.BrokenResourceError`) propagates."""
         try:
             return await self.recv()
         except (trio.EndOfChannel, trio.ClosedResourceError):

@@ -28,16 +28,15 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from stacklib.bench.peers.shm import PeerSpec, spawn_peer
 from stacklib.bench.result import Cell, Column, Result
 from stacklib.layers.uam import UamLayer, UamParams, UamService
 from stacklib.services import UNetService
 from stacklib.transports.shm import (
-    PeerSpec,
     ShmAddress,
     ShmEndpoint,
     ShmNetwork,
     relax,
-    spawn_peer,
 )
 from stacklib.unet import EndpointConfig
 

@@ -31,17 +31,16 @@ import tempfile
 import time
 from collections.abc import Iterator
 
+from stacklib.bench.peers.shm import PeerSpec, spawn_peer
 from stacklib.bench.real import drain_stream, open_endpoint, pinned, placement
 from stacklib.bench.result import Cell, Column, Result
 from stacklib.daemon import DaemonClient, DaemonError
 from stacklib.transports import xmem
 from stacklib.transports.shm import (
-    PeerSpec,
     RegionSpec,
     ShmAddress,
     ShmNetwork,
     relax,
-    spawn_peer,
 )
 from stacklib.unet import EndpointConfig
 

@@ -76,31 +76,31 @@ class MemoryNI(NetworkInterface):
     def address_of(self, endpoint: Endpoint) -> MemoryAddress:
         return MemoryAddress(self.name, endpoint.port)
 
-    def _tags(self, endpoint: Endpoint, remote: object) -> tuple[Hashable, Hashable]:
+    def tags(self, endpoint: Endpoint, remote: object) -> tuple[Hashable, Hashable]:
         if not isinstance(remote, MemoryAddress):
             raise ChannelError(f"{self!r} cannot reach {remote!r}: not a MemoryAddress")
         if remote.node not in self.network.nodes:
             raise ChannelError(f"{self!r} cannot reach {remote}: no such node")
         return remote, (remote.node, remote.port, endpoint.port)
 
-    def _transmit(
+    def transmit(
         self, endpoint: Endpoint, channel: Channel, descriptor: SendDescriptor, data: Payload
     ) -> bool:
         destination: MemoryAddress = channel.tx_tag  # type: ignore[assignment]
         length = len(data)
-        self.network._carry(
+        self.network.carry(
             destination,
             (self.name, endpoint.port, destination.port),
             data,
             descriptor.dest_offset,
         )
-        self._injected(endpoint, descriptor, length)
+        self.injected(endpoint, descriptor, length)
         return True
 
-    def _deliver(self, rx_key: Hashable, data: Payload, dest_offset: int | None = None) -> None:
+    def deliver(self, rx_key: Hashable, data: Payload, dest_offset: int | None = None) -> None:
         """Demultiplex and place one arrival; the common case (a base-level message that fits
         the first free buffer) written out, everything else through the general fill."""
-        entry = self._demux.get(rx_key)
+        entry = self.demux.get(rx_key)
         if entry is None:
             self.dropped[DropReason.UNKNOWN_TAG] += 1
             return
@@ -114,7 +114,7 @@ class MemoryNI(NetworkInterface):
             or recv_queue.full
             or self.buffer_trace is not None
         ):
-            self._fill(endpoint, channel, data, dest_offset)  # to drop and count, or deposit
+            self.deliver_to(endpoint, channel, data, dest_offset)  # to drop and count, or deposit
             return
         if length <= self.inline_threshold:
             recv_queue.push(RecvDescriptor(channel, length, _INLINE, inline=bytes(data)))
@@ -122,7 +122,7 @@ class MemoryNI(NetworkInterface):
             free = endpoint.free_queue
             buffer = free.peek()
             if buffer is None:
-                self._fill(endpoint, channel, data, dest_offset)  # drops it, counted
+                self.deliver_to(endpoint, channel, data, dest_offset)  # drops it, counted
                 return
             offset, size = buffer
             segment = endpoint.segment
@@ -133,7 +133,7 @@ class MemoryNI(NetworkInterface):
                 or offset & (segment.alignment - 1)
             ):
                 # Several buffers, or a bad free-queue entry to drop and count: the general fill.
-                self._fill(endpoint, channel, data, dest_offset)
+                self.deliver_to(endpoint, channel, data, dest_offset)
                 return
             free.pop()
             segment.view[offset : offset + length] = data
@@ -142,7 +142,7 @@ class MemoryNI(NetworkInterface):
         endpoint.received_bytes += length
         self.received += 1
         self.received_bytes += length
-        endpoint._arrived(length)
+        endpoint.notify_arrived(length)
 
 
 class MemoryEndpoint(Endpoint):
@@ -199,7 +199,7 @@ class MemoryEndpoint(Endpoint):
             dest_offset is None
             and ni.immediate
             and not self.send_queue
-            and not ni._tx_paused
+            and not ni.tx_paused
             and not self.closed
             and ni.buffer_trace is None
         ):
@@ -209,13 +209,13 @@ class MemoryEndpoint(Endpoint):
             length = len(data)
             if route is not None and length <= self._fast_limit:
                 message = data if type(data) is bytes else bytes(data)
-                route[1]._deliver(route[2], message)
+                route[1].deliver(route[2], message)
                 self.sent += 1
                 self.sent_bytes += length
                 ni.sent += 1
                 ni.sent_bytes += length
-                if self._send_waiters._tasks or self.on_send_space is not None:
-                    self._send_progress()
+                if self._send_waiters.tasks or self.on_send_space is not None:
+                    self.notify_sent()
                 return SendDescriptor(channel, inline=message, status=_INJECTED)
         return super().send_nowait(channel, data, dest_offset=dest_offset)
 
@@ -287,7 +287,7 @@ class MemoryNetwork:
         self.nodes[name] = node
         return node
 
-    def _carry(
+    def carry(
         self,
         destination: MemoryAddress,
         rx_key: tuple[str, int, int],
@@ -299,9 +299,9 @@ class MemoryNetwork:
             return
         if self.latency and self.world.virtual:
             # The sender may reuse its buffer once the descriptor is injected: capture now.
-            self.world.call_after(self.latency, node.ni._deliver, rx_key, bytes(data), dest_offset)
+            self.world.call_after(self.latency, node.ni.deliver, rx_key, bytes(data), dest_offset)
         else:
-            node.ni._deliver(rx_key, data, dest_offset)
+            node.ni.deliver(rx_key, data, dest_offset)
 
     def inject(
         self, node: str, rx_key: Hashable, data: bytes, dest_offset: int | None = None
@@ -310,7 +310,7 @@ class MemoryNetwork:
 
         For tests of protection: a forged or stale tag must be dropped and counted.
         """
-        self.nodes[node].ni._deliver(rx_key, data, dest_offset)
+        self.nodes[node].ni.deliver(rx_key, data, dest_offset)
 
     def dropped(self) -> dict[str, int]:
         """Drops by reason summed over every NI of the network."""

@@ -531,7 +531,7 @@ class TapNI(HandleNI):
     def address_of(self, endpoint: Endpoint) -> TapAddress:
         return TapAddress(self.mac.hex(":"))
 
-    def _tags(self, endpoint: Endpoint, remote: object) -> tuple[Hashable, Hashable]:
+    def tags(self, endpoint: Endpoint, remote: object) -> tuple[Hashable, Hashable]:
         if not isinstance(remote, TapAddress):
             raise ChannelError(f"{self!r} cannot reach {remote!r}: not a TapAddress")
         try:
@@ -544,7 +544,7 @@ class TapNI(HandleNI):
             raise ChannelError(f"{self!r}: {remote} is this node's own MAC address")
         return mac, mac
 
-    def _transmit(
+    def transmit(
         self, endpoint: Endpoint, channel: Channel, descriptor: SendDescriptor, data: Payload
     ) -> bool:
         mac: bytes = channel.tx_tag  # type: ignore[assignment]
@@ -557,14 +557,14 @@ class TapNI(HandleNI):
         except trio.WouldBlock:
             self._tx_blocked = True
             return False  # the device queue is full: back-pressure, retried by progress()
-        self._injected(endpoint, descriptor, length)
+        self.injected(endpoint, descriptor, length)
         return True
 
     def progress(self) -> int:
         """Read every waiting frame and deliver this node's; retry sends the device refused."""
         delivered = 0
         device = self.device
-        demux = self._demux
+        demux = self.demux
         own = self.mac
         while True:
             try:
@@ -579,11 +579,11 @@ class TapNI(HandleNI):
             if entry is not None and entry[0].recv_queue.full:
                 self.drop(DropReason.RECV_QUEUE_FULL, entry[0])
                 continue
-            self._deliver(src, memoryview(frame)[_ETH.size :])
+            self.deliver(src, memoryview(frame)[_ETH.size :])
             delivered += 1
         if self._tx_blocked:
             self._tx_blocked = False
-            self._resume()
+            self.resume()
         return delivered
 
     def _handle(self) -> int:

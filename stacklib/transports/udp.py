@@ -32,11 +32,9 @@ import ipaddress
 import socket
 import struct
 from collections.abc import Hashable, Sequence
-from typing import Any
 
 import attrs
 import construct as c
-import trio
 
 from stacklib.errors import ChannelError, FormatError
 from stacklib.sim import Host, RealWorld, World
@@ -142,7 +140,7 @@ class UdpNI(SocketNI):
     def address_of(self, endpoint: Endpoint) -> UdpAddress:
         return UdpAddress(self.local[0], self.local[1], endpoint.port)
 
-    def _tags(self, endpoint: Endpoint, remote: object) -> tuple[Hashable, Hashable]:
+    def tags(self, endpoint: Endpoint, remote: object) -> tuple[Hashable, Hashable]:
         if not isinstance(remote, UdpAddress):
             raise ChannelError(f"{self!r} cannot reach {remote!r}: not a UdpAddress")
         try:
@@ -158,7 +156,7 @@ class UdpNI(SocketNI):
             endpoint.port,
         )
 
-    def _transmit(
+    def transmit(
         self, endpoint: Endpoint, channel: Channel, descriptor: SendDescriptor, data: Payload
     ) -> bool:
         tag: tuple[str, int, int] = channel.tx_tag  # type: ignore[assignment]
@@ -174,7 +172,7 @@ class UdpNI(SocketNI):
             if error.errno not in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH):
                 raise
             self.lost += 1
-        self._injected(endpoint, descriptor, len(data))
+        self.injected(endpoint, descriptor, len(data))
         return True
 
     def progress(self) -> int:
@@ -195,16 +193,16 @@ class UdpNI(SocketNI):
                 self.drop(DropReason.MALFORMED)
                 continue
             key = (src_host, src_udp, header.src_port, header.dst_port)
-            entry = self._demux.get(key)
+            entry = self.demux.get(key)
             if entry is not None and entry[0].recv_queue.full:
                 # No room: this is a loss (UDP has no back-pressure across the network).
                 self.drop(DropReason.RECV_QUEUE_FULL, entry[0])
                 continue
-            self._deliver(key, payload)
+            self.deliver(key, payload)
             delivered += 1
         if self._tx_blocked:
             self._tx_blocked = False
-            self._resume()
+            self.resume()
         return delivered
 
 
@@ -258,28 +256,6 @@ class UdpNetwork(HandleNetwork):
         node = Node(name, host, ni, OSService(ni, policy=policy))
         self.nodes[name] = node
         return node
-
-
-def udp_echo_main(port_out: Any, port: int = 1) -> None:
-    """A peer process: a udp node whose endpoint ``port`` echoes every message (blocking
-    receive).  Sends its address through ``port_out`` (a multiprocessing queue), then expects
-    the client's address back."""
-    network = UdpNetwork()
-    node = network.add_node("echo")
-    endpoint = node.os.create_endpoint(node.os.process("echo"), port=port)
-    port_out.put(endpoint.address)
-    client: UdpAddress = port_out.get(timeout=30)
-    channel = node.os.create_channel(endpoint.owner, endpoint, client)
-
-    async def serve() -> None:
-        while True:
-            message = await endpoint.recv()
-            await endpoint.send(channel, message.data)
-
-    try:
-        trio.run(serve)
-    finally:
-        network.close()
 
 
 @attrs.frozen

@@ -92,7 +92,7 @@ class EmulatedNI(NetworkInterface):
         self.os_service = os_service
         self.real = os_service.create_endpoint(os_service.kernel, config)
         self.real.set_upcall(UpcallCondition.NON_EMPTY, self._interrupt)
-        self.real.on_send_space = self._resume
+        self.real.on_send_space = self.resume
         self._kernel_channels: dict[object, int] = {}
 
     def address_of(self, endpoint: Endpoint) -> EmulatedAddress:
@@ -106,13 +106,13 @@ class EmulatedNI(NetworkInterface):
             self._kernel_channels[kernel] = channel
         return channel
 
-    def _tags(self, endpoint: Endpoint, remote: object) -> tuple[Hashable, Hashable]:
+    def tags(self, endpoint: Endpoint, remote: object) -> tuple[Hashable, Hashable]:
         if not isinstance(remote, EmulatedAddress):
             raise ChannelError(f"{self!r} cannot reach {remote!r}: not an EmulatedAddress")
         channel = self._kernel_channel(remote.kernel)
         return (channel, remote.port, endpoint.port), (channel, remote.port, endpoint.port)
 
-    def _transmit(
+    def transmit(
         self, endpoint: Endpoint, channel: Channel, descriptor: SendDescriptor, data: Payload
     ) -> bool:
         real_channel, dport, sport = typing.cast(tuple[int, int, int], channel.tx_tag)
@@ -120,7 +120,7 @@ class EmulatedNI(NetworkInterface):
             self.real.send_nowait(real_channel, build_frame(dport, sport, data))
         except trio.WouldBlock:
             return False  # the real endpoint is backed up; on_send_space resumes us
-        self._injected(endpoint, descriptor, len(data))
+        self.injected(endpoint, descriptor, len(data))
         return True
 
     def _interrupt(self, real: Endpoint) -> None:
@@ -131,4 +131,4 @@ class EmulatedNI(NetworkInterface):
             except EmulationFormatError:
                 self.drop(DropReason.MALFORMED)
                 continue
-            self._deliver((message.channel, sport, dport), payload)
+            self.deliver((message.channel, sport, dport), payload)

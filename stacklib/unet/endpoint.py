@@ -166,13 +166,14 @@ class EndpointStatistics:
 class _Waiters:
     """Tasks parked until the endpoint's state changes (cheaper than a ParkingLot per wait)."""
 
-    __slots__ = ("_tasks",)
+    __slots__ = ("tasks",)
 
     def __init__(self) -> None:
-        self._tasks: deque[trio.lowlevel.Task] = deque()
+        #: The parked tasks (read directly on hot paths: cheaper than calling __bool__).
+        self.tasks: deque[trio.lowlevel.Task] = deque()
 
     def __bool__(self) -> bool:
-        return bool(self._tasks)
+        return bool(self.tasks)
 
     def wait(self) -> Awaitable[object]:
         """Park the calling task until :meth:`wake_all`; await the result at once.
@@ -181,7 +182,7 @@ class _Waiters:
         coroutine frame less to create, resume and unwind on every blocking receive.
         """
         task = trio.lowlevel.current_task()
-        tasks = self._tasks
+        tasks = self.tasks
         tasks.append(task)
 
         def abort(_: Any) -> trio.lowlevel.Abort:
@@ -192,7 +193,7 @@ class _Waiters:
         return trio.lowlevel.wait_task_rescheduled(abort)
 
     def wake_all(self) -> None:
-        tasks = self._tasks
+        tasks = self.tasks
         while tasks:
             trio.lowlevel.reschedule(tasks.popleft())
 
@@ -225,7 +226,8 @@ class Endpoint:
         self.free_queue: DescriptorRing[Fragment] = DescriptorRing(config.free_queue)
         self.channels: dict[int, Channel] = {}
         self.closed = False
-        self._in_service = False  # the NI is taking descriptors off the send queue
+        #: Set by the NI while it takes descriptors off the send queue (guards re-entry).
+        self.in_service = False
 
         tx = self.segment.carve(0, config.tx_buffers, config.tx_buffer_size)
         rx_start = tx[-1].offset + tx[-1].length if tx else 0
@@ -296,7 +298,7 @@ class Endpoint:
 
     def post_nowait(self, descriptor: SendDescriptor) -> None:
         """Push a send descriptor; raise :class:`trio.WouldBlock` if the send queue is full."""
-        self._check_usable()
+        self.check_open()
         if not self.send_queue.push(descriptor):
             raise trio.WouldBlock
         self.ni.doorbell(self)
@@ -305,7 +307,7 @@ class Endpoint:
         """Push a send descriptor, waiting while the send queue is full (back-pressure)."""
         await trio.lowlevel.checkpoint_if_cancelled()
         while True:
-            self._check_usable()
+            self.check_open()
             if self.send_queue.push(descriptor):
                 break
             await self._send_waiters.wait()
@@ -317,7 +319,7 @@ class Endpoint:
 
         The NI, not the application, picks which free buffer an arriving message fills.
         """
-        self._check_usable()
+        self.check_open()
         if not self.free_queue.push(buffer):
             raise trio.WouldBlock
 
@@ -335,7 +337,7 @@ class Endpoint:
             await trio.lowlevel.cancel_shielded_checkpoint()
             return descriptor
         while descriptor is None:
-            self._check_usable()
+            self.check_open()
             await self._recv_waiters.wait()
             descriptor = self.poll_descriptor()
         return descriptor
@@ -392,7 +394,7 @@ class Endpoint:
         """Build the descriptor of a message-level send, copying into send buffers, once the
         send queue has room for it; :class:`trio.WouldBlock` otherwise."""
         if self.closed:
-            self._check_usable()
+            self.check_open()
         if self.send_queue.full:
             raise trio.WouldBlock
         length = len(data)
@@ -477,7 +479,7 @@ class Endpoint:
         """The next received message, or :class:`trio.WouldBlock`."""
         message = self.poll()
         if message is None:
-            self._check_usable()
+            self.check_open()
             raise trio.WouldBlock
         return message
 
@@ -502,11 +504,11 @@ class Endpoint:
             waited = message is None
         while message is None:
             if self.closed:
-                self._check_usable()
+                self.check_open()
             await self._recv_waiters.wait()
             message = self.poll()
         if self._prepaid_receives:
-            # The CPU spent the receive cost when the message arrived (see _arrived).
+            # The CPU spent the receive cost when the message arrived (see notify_arrived).
             self._prepaid_receives -= 1
             return message
         recv_cost = self._recv_cost
@@ -588,9 +590,11 @@ class Endpoint:
 
     # ------------------------------------------------------------------ NI side
 
-    def _arrived(self, length: int = 0) -> None:
-        """Called by the NI after it pushed a receive descriptor of ``length`` bytes."""
-        if self._recv_waiters._tasks:
+    def notify_arrived(self, length: int = 0) -> None:
+        """Called by the NI after it pushed a receive descriptor of ``length`` bytes: wakes a
+        blocked receiver and raises upcalls.  (:meth:`NetworkInterface.deliver` calls it; a
+        transport that pushes receive descriptors itself must too.)"""
+        if self._recv_waiters.tasks:
             recv_cost = self._recv_cost
             cost = recv_cost(length) if recv_cost is not None else 0.0
             if cost and self._virtual:
@@ -623,11 +627,12 @@ class Endpoint:
         self._prepaid_wake_pending = False
         self._recv_waiters.wake_all()
 
-    def _send_progress(self) -> None:
-        """Called by the NI after it took descriptors off the send queue."""
+    def notify_sent(self) -> None:
+        """Called by the NI after it took descriptors off the send queue: reclaims send
+        buffers and wakes blocked senders."""
         if self._tx_inflight:
             self._reclaim()
-        if self._send_waiters._tasks:
+        if self._send_waiters.tasks:
             self._send_waiters.wake_all()
         if self.on_send_space is not None:
             self.on_send_space()
@@ -638,8 +643,10 @@ class Endpoint:
         while inflight and inflight[0][0].status is not DescriptorStatus.POSTED:
             pool.extend(inflight.popleft()[1])
 
-    def _shutdown(self) -> None:
-        """Called by the OS service when the endpoint is closed or reclaimed."""
+    def notify_closed(self) -> None:
+        """Called by the OS service once it detached the endpoint from its NI (closed or
+        reclaimed): blocked callers wake and raise :class:`EndpointClosed`.  Applications call
+        :meth:`close` instead."""
         self.closed = True
         self.channels.clear()
         self._recv_waiters.wake_all()
@@ -654,7 +661,8 @@ class Endpoint:
         except KeyError:
             raise ChannelError(f"{self!r} has no channel {channel_id}") from None
 
-    def _check_usable(self) -> None:
+    def check_open(self) -> None:
+        """Raise :class:`EndpointClosed` (a :class:`trio.ClosedResourceError`) if closed."""
         if self.closed:
             raise EndpointClosed(f"{self!r} is closed")
 

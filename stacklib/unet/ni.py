@@ -12,10 +12,24 @@ firmware, a kernel trap routine driving a DC21140, or an in-process memory trans
   at the sender-named offset after checking it against the receiver's window;
 * it raises the endpoint's upcalls.
 
-A transport subclasses it and implements :meth:`NetworkInterface._transmit` (put one message on
-the network) and :meth:`NetworkInterface._tags` (the tags of a channel), and calls
-:meth:`NetworkInterface._deliver` when a message arrives.  Modeled NIs override the timing hooks
-to charge their costs; the memory transport uses the defaults, which are immediate.
+The interface a transport writes against (docs/writing-a-transport.md) is public:
+
+* it **implements** :meth:`~NetworkInterface.address_of` (an endpoint's address),
+  :meth:`~NetworkInterface.tags` (a channel's transmit tag and receive key) and
+  :meth:`~NetworkInterface.transmit` (put one validated message on the network);
+* it **calls** :meth:`~NetworkInterface.injected` once a message has left the sender's
+  buffers, :meth:`~NetworkInterface.resume` when a backed-up network can take more,
+  :meth:`~NetworkInterface.deliver` when a message arrives (or reads :attr:`demux` and calls
+  :meth:`~NetworkInterface.deliver_to` itself) and :meth:`~NetworkInterface.drop` for an
+  arrival it discards;
+* it **may extend** the OS service's set-up hooks (:meth:`~NetworkInterface.attach_endpoint`,
+  :meth:`~NetworkInterface.register_channel` and their inverses, calling ``super()``),
+  :meth:`~NetworkInterface.validate` (refuse more descriptors) and
+  :meth:`~NetworkInterface.doorbell` (when the NI services a send queue).
+
+Modeled NIs override the timing hooks to charge their costs; the memory transport uses the
+defaults, which are immediate.  The NI talks to its endpoints only through their public
+``notify_*`` methods and queues, and the OS service to the NI only through the set-up hooks.
 """
 
 from __future__ import annotations
@@ -124,8 +138,12 @@ class NetworkInterface:
                 self.host_send_cost = profile.ops[SEND_OP].seconds
             if RECV_OP in profile.ops:
                 self.host_recv_cost = profile.ops[RECV_OP].seconds
-        self._demux: dict[Hashable, tuple[Endpoint, int]] = {}
-        self._tx_paused = False
+        #: The tag table, rx_key -> (endpoint, channel id): written only by
+        #: :meth:`register_channel` / :meth:`unregister_channel`; a transport reads it to
+        #: demultiplex an arrival itself (then :meth:`deliver_to`).
+        self.demux: dict[Hashable, tuple[Endpoint, int]] = {}
+        #: Whether :meth:`pause_transmit` stopped the send path (read-only for transports).
+        self.tx_paused = False
         self.sent = 0
         self.sent_bytes = 0
         self.received = 0
@@ -136,12 +154,15 @@ class NetworkInterface:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
 
-    # ------------------------------------------------------------------ for transports
+    # ------------------------------------------------------------------ a transport implements
 
-    def _tags(self, endpoint: Endpoint, remote: object) -> tuple[Hashable, Hashable]:
+    def tags(self, endpoint: Endpoint, remote: object) -> tuple[Hashable, Hashable]:
         """The (tx_tag, rx_key) of a channel from ``endpoint`` to ``remote``.
 
-        Raise :class:`ChannelError` if ``remote`` is not an address this NI can reach.
+        ``tx_tag`` is what :meth:`transmit` finds in ``channel.tx_tag`` (where to send);
+        ``rx_key`` is the key under which arrivals for this channel reach :meth:`deliver`, and
+        must be unique on this NI (the OS service refuses a second registration).  Raise
+        :class:`ChannelError` if ``remote`` is not an address this NI can reach.
         """
         raise NotImplementedError
 
@@ -149,49 +170,57 @@ class NetworkInterface:
         """The address peers use to reach ``endpoint``."""
         raise NotImplementedError
 
-    def _transmit(
+    def transmit(
         self, endpoint: Endpoint, channel: Channel, descriptor: SendDescriptor, data: Payload
     ) -> bool:
         """Put one validated message on the network.
 
         ``data`` may be a view of the sender's segment, valid until the descriptor is marked
-        injected.  Return False to leave the descriptor queued (the NI is backed up); the
-        subclass then calls :meth:`_resume` when it can take more.  The subclass calls
-        :meth:`_injected` once the data has left the sender's buffers.
+        injected.  Return True once the message is taken, after calling :meth:`injected` (or,
+        for a message the transport rejects, after setting the descriptor's error status).
+        Return False to leave the descriptor queued (the network is backed up); the transport
+        then calls :meth:`resume` when it can take more.
         """
         raise NotImplementedError
 
     # ------------------------------------------------------------------ set-up (OS service)
 
-    def _attach(self, endpoint: Endpoint) -> None:
+    def attach_endpoint(self, endpoint: Endpoint) -> None:
+        """The OS service created ``endpoint`` on this NI (a port must be free)."""
         if endpoint.port in self.endpoints:
             raise ChannelError(f"{self!r} already has an endpoint on port {endpoint.port}")
         self.endpoints[endpoint.port] = endpoint
 
-    def _detach(self, endpoint: Endpoint) -> None:
+    def detach_endpoint(self, endpoint: Endpoint) -> None:
+        """The OS service closes ``endpoint``: unregister its channels, drop its send queue."""
         for channel in list(endpoint.channels.values()):
-            self._unregister(endpoint, channel)
+            self.unregister_channel(endpoint, channel)
         self.endpoints.pop(endpoint.port, None)
         # Descriptors still queued are dropped with the endpoint: its memory is gone.
         endpoint.send_queue.clear()
 
-    def _register(self, endpoint: Endpoint, channel: Channel) -> None:
-        owner = self._demux.get(channel.rx_key)
+    def register_channel(self, endpoint: Endpoint, channel: Channel) -> None:
+        """The OS service opens ``channel`` (tags from :meth:`tags`): arrivals keyed
+        ``channel.rx_key`` go to ``endpoint``.  :class:`ChannelError` if the key is taken.
+        A transport that extends it calls ``super()`` first and undoes its own set-up if that
+        raises."""
+        owner = self.demux.get(channel.rx_key)
         if owner is not None:
             raise ChannelError(
                 f"tag {channel.rx_key!r} on {self!r} is already registered to {owner[0]!r}"
             )
-        self._demux[channel.rx_key] = (endpoint, channel.id)
+        self.demux[channel.rx_key] = (endpoint, channel.id)
         endpoint.channels[channel.id] = channel
 
-    def _unregister(self, endpoint: Endpoint, channel: Channel) -> None:
-        if self._demux.get(channel.rx_key, (None, None))[0] is endpoint:
-            del self._demux[channel.rx_key]
+    def unregister_channel(self, endpoint: Endpoint, channel: Channel) -> None:
+        """The OS service tears ``channel`` down (later arrivals for it are unknown tags)."""
+        if self.demux.get(channel.rx_key, (None, None))[0] is endpoint:
+            del self.demux[channel.rx_key]
         endpoint.channels.pop(channel.id, None)
 
     def is_registered(self, rx_key: Hashable) -> bool:
         """Whether a channel on this NI receives messages tagged ``rx_key``."""
-        return rx_key in self._demux
+        return rx_key in self.demux
 
     # ------------------------------------------------------------------ send path
 
@@ -201,37 +230,40 @@ class NetworkInterface:
         An NI that polls (the i960) or is entered by a trap (the DC21140 kernel routine) is
         modeled by overriding this to schedule the service at the right time.
         """
-        self._service(endpoint)
+        self.service(endpoint)
 
     def pause_transmit(self) -> None:
         """Stop taking send descriptors, as a backed-up network does (paper 000 §3.1)."""
-        self._tx_paused = True
+        self.tx_paused = True
 
     def resume_transmit(self) -> None:
         """Take send descriptors again and drain every endpoint's send queue."""
-        self._tx_paused = False
-        self._resume()
+        self.tx_paused = False
+        self.resume()
 
-    def _resume(self) -> None:
+    def resume(self) -> None:
+        """A transport that refused a message in :meth:`transmit` can take more: service every
+        endpoint's send queue again."""
         for endpoint in list(self.endpoints.values()):
             if endpoint.send_queue:
-                self._service(endpoint)
+                self.service(endpoint)
 
-    def _service(self, endpoint: Endpoint) -> None:
-        """Take descriptors off ``endpoint``'s send queue until it is empty or the NI is full."""
-        if endpoint._in_service:
+    def service(self, endpoint: Endpoint) -> None:
+        """Take descriptors off ``endpoint``'s send queue until it is empty or the NI is full
+        (:meth:`transmit` returned False or :meth:`pause_transmit` was called)."""
+        if endpoint.in_service:
             # Re-entered from a delivery this loop caused (an upcall that replied): the outer
             # loop is still running and will take the new descriptors.
             return
-        endpoint._in_service = True
+        endpoint.in_service = True
         queue = endpoint.send_queue
         progressed = False
         try:
-            while not self._tx_paused:
+            while not self.tx_paused:
                 descriptor = queue.peek()
                 if descriptor is None:
                     break
-                error = self._validate(endpoint, descriptor)
+                error = self.validate(endpoint, descriptor)
                 if error is not SendError.NONE:
                     queue.pop()
                     descriptor.status = DescriptorStatus.ERROR
@@ -254,20 +286,22 @@ class NetworkInterface:
                         data = b"".join(
                             view[offset : offset + length] for offset, length in fragments
                         )
-                if not self._transmit(endpoint, channel, descriptor, data):
+                if not self.transmit(endpoint, channel, descriptor, data):
                     break
                 queue.pop()
                 progressed = True
                 if self.buffer_trace is not None and inline is None:
                     self.buffer_trace(endpoint, 0, descriptor.fragments)
         finally:
-            endpoint._in_service = False
+            endpoint.in_service = False
         if progressed:
             # Outside the guard: waking senders may push (and so service) more descriptors.
-            endpoint._send_progress()
+            endpoint.notify_sent()
 
-    def _validate(self, endpoint: Endpoint, descriptor: SendDescriptor) -> SendError:
-        """Check a send descriptor without touching any data (paper 000 §3.2 protection)."""
+    def validate(self, endpoint: Endpoint, descriptor: SendDescriptor) -> SendError:
+        """Check a send descriptor without touching any data (paper 000 §3.2 protection):
+        ``SendError.NONE`` or why it is refused.  A transport may extend it (call ``super()``
+        first) to refuse more, e.g. sends on a channel whose peer is gone."""
         channel = endpoint.channels.get(descriptor.channel)
         if channel is None:
             return SendError.UNKNOWN_CHANNEL
@@ -294,8 +328,9 @@ class NetworkInterface:
             return SendError.DIRECT_UNSUPPORTED
         return SendError.NONE
 
-    def _injected(self, endpoint: Endpoint, descriptor: SendDescriptor, length: int) -> None:
-        """Mark a descriptor injected: its buffers may be reused (paper 000 §3.1)."""
+    def injected(self, endpoint: Endpoint, descriptor: SendDescriptor, length: int) -> None:
+        """Mark a descriptor injected: its buffers may be reused (paper 000 §3.1).  A
+        transport calls it from :meth:`transmit` once ``length`` bytes left the segment."""
         descriptor.status = DescriptorStatus.INJECTED
         endpoint.sent += 1
         endpoint.sent_bytes += length
@@ -304,13 +339,17 @@ class NetworkInterface:
 
     # ------------------------------------------------------------------ receive path
 
-    def _deliver(self, rx_key: Hashable, data: Payload, dest_offset: int | None = None) -> None:
-        """A message tagged ``rx_key`` arrived: demultiplex it and hand it to its endpoint."""
-        entry = self._demux.get(rx_key)
+    def deliver(self, rx_key: Hashable, data: Payload, dest_offset: int | None = None) -> None:
+        """A message tagged ``rx_key`` arrived: demultiplex it and hand it to its endpoint.
+
+        What a transport calls for every arrival.  ``data`` is copied before this returns, so
+        it may be a view of a reused buffer.  An unknown tag is dropped and counted.
+        """
+        entry = self.demux.get(rx_key)
         if entry is None:
             self.dropped[DropReason.UNKNOWN_TAG] += 1
             return
-        self._fill(entry[0], entry[1], data, dest_offset)
+        self.deliver_to(entry[0], entry[1], data, dest_offset)
 
     def drop(self, reason: DropReason, endpoint: Endpoint | None = None) -> None:
         """Count a message dropped for ``reason`` (on the endpoint too, when known)."""
@@ -318,10 +357,14 @@ class NetworkInterface:
         if endpoint is not None:
             endpoint.dropped[reason] += 1
 
-    def _fill(
+    def deliver_to(
         self, endpoint: Endpoint, channel: int, data: Payload, dest_offset: int | None
     ) -> None:
-        """Place one message into ``endpoint`` and push its receive descriptor."""
+        """Place one message into ``endpoint`` and push its receive descriptor, or drop it
+        (counted) when the endpoint is closed, the queue is full or buffers run out.
+
+        For a transport that demultiplexed the arrival itself (from :attr:`demux`).
+        """
         if endpoint.closed:
             self.drop(DropReason.ENDPOINT_CLOSED)
             return
@@ -370,7 +413,7 @@ class NetworkInterface:
         endpoint.received_bytes += length
         self.received += 1
         self.received_bytes += length
-        endpoint._arrived(length)
+        endpoint.notify_arrived(length)
 
     def _take_buffers(self, endpoint: Endpoint, length: int) -> tuple[Fragment, ...] | None:
         """Pop enough valid free buffers for ``length`` bytes, or drop the message (None).
@@ -411,5 +454,5 @@ class NetworkInterface:
             send_errors=dict(self.send_errors),
             dropped=dict(self.dropped),
             endpoints=len(self.endpoints),
-            channels=len(self._demux),
+            channels=len(self.demux),
         )

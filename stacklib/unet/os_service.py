@@ -155,7 +155,7 @@ class OSService:
             os_service=self,
             config=config if config is not None else EndpointConfig(),
         )
-        ni._attach(endpoint)
+        ni.attach_endpoint(endpoint)
         return endpoint
 
     def create_channel(self, principal: Principal, endpoint: Endpoint, remote: object) -> int:
@@ -166,25 +166,25 @@ class OSService:
         returns the channel id the application names in send descriptors.
         """
         self._check_owner(principal, endpoint)
-        endpoint._check_usable()
+        endpoint.check_open()
         reason = self.policy.check_channel(principal, endpoint, remote)
         if reason is not None:
             raise PermissionDenied(reason)
-        tx_tag, rx_key = endpoint.ni._tags(endpoint, remote)
+        tx_tag, rx_key = endpoint.ni.tags(endpoint, remote)
         channel_id = next(i for i in itertools.count() if i not in endpoint.channels)
-        endpoint.ni._register(endpoint, Channel(channel_id, remote, tx_tag, rx_key))
+        endpoint.ni.register_channel(endpoint, Channel(channel_id, remote, tx_tag, rx_key))
         return channel_id
 
     def destroy_channel(self, principal: Principal, endpoint: Endpoint, channel_id: int) -> None:
         """Tear a channel down; later sends on it fail with UNKNOWN_CHANNEL."""
         self._check_owner(principal, endpoint)
-        endpoint.ni._unregister(endpoint, endpoint.channel(channel_id))
+        endpoint.ni.unregister_channel(endpoint, endpoint.channel(channel_id))
 
     def close_endpoint(self, principal: Principal, endpoint: Endpoint) -> None:
         """Close an endpoint: unregister its channels, drop its queues, wake its waiters."""
         self._check_owner(principal, endpoint)
-        endpoint.ni._detach(endpoint)
-        endpoint._shutdown()
+        endpoint.ni.detach_endpoint(endpoint)
+        endpoint.notify_closed()
 
     def reclaim(self, principal: Principal) -> int:
         """A process died: close every endpoint it owned.  Returns how many."""

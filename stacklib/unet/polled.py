@@ -81,7 +81,7 @@ class PolledEndpoint(Endpoint):
             await trio.lowlevel.cancel_shielded_checkpoint()
             return message
         while message is None:
-            self._check_usable()
+            self.check_open()
             await self.ni.idle_wait()
             message = self.poll()
         return message

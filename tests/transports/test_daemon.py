@@ -9,7 +9,6 @@ import random
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -23,9 +22,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stacklib.daemon import (
-    RECLAIMED_WORD,
     AllowListFile,
     ChannelGranted,
+    ClientState,
     CloseChannel,
     CloseEndpoint,
     CreateEndpoint,
@@ -51,14 +50,12 @@ from stacklib.daemon import (
     SendDirect,
     Status,
     StatusReply,
-    _Client,
     decode,
     encode,
 )
 from stacklib.transports.shm import (
-    _SIDE_WORD,
-    STATE_CLOSED,
     PeerGone,
+    RegionHeader,
     RegionSpec,
     ShmAddress,
     ShmLink,
@@ -134,11 +131,11 @@ def test_truncated_or_extended_bodies_are_rejected(message: object, data: st.Dat
 # ==================================================================== the state machine in-process
 
 
-def _client(pid: int, uid: int = 1000) -> _Client:
-    return _Client(sock=None, cred=Cred(pid, uid, uid))  # type: ignore[arg-type]
+def _client(pid: int, uid: int = 1000) -> ClientState:
+    return ClientState(sock=None, cred=Cred(pid, uid, uid))  # type: ignore[arg-type]
 
 
-def _open(d: Daemon, c: _Client, local: str, remote: str) -> object:
+def _open(d: Daemon, c: ClientState, local: str, remote: str) -> object:
     (ln, lp), (rn, rp) = (a.split(":") for a in (local, remote))
     d.handle(c, CreateEndpoint(c.cred.pid, ln, int(lp)))
     reply, fd = d.handle(
@@ -177,10 +174,10 @@ def test_reclaim_marks_the_region_and_a_reopen_gets_a_fresh_channel() -> None:
     assert isinstance(grant_a, ChannelGranted) and isinstance(grant_b, ChannelGranted)
     assert grant_a.channel == grant_b.channel and {grant_a.side, grant_b.side} == {0, 1}
     channel = d.channels[grant_a.channel]
-    assert channel.word(_SIDE_WORD[grant_b.side]) == 11  # the verified pid
+    assert channel.header.pid(grant_b.side) == 11  # the verified pid
     d.reclaim(b)
-    assert channel.side_closed(grant_b.side) and not channel.side_closed(grant_a.side)
-    assert channel.word(RECLAIMED_WORD) == 1 << grant_b.side
+    assert channel.header.closed(grant_b.side) and not channel.header.closed(grant_a.side)
+    assert channel.header.reclaimed(grant_b.side) and not channel.header.reclaimed(grant_a.side)
     assert d.counters["reclaimed_channels"] == 1 and "b:1" not in map(str, d.endpoints)
     b2 = _client(12)
     fresh = _open(d, b2, "b:1", "a:1")  # a new process on b: the broken channel is not joined
@@ -369,11 +366,10 @@ async def test_killed_client_is_reclaimed_and_the_peer_sees_the_failure(
         peer_side = 1 - link.side
 
         def reclaimed() -> bool:
-            return bool(struct.unpack_from("<Q", link.region, RECLAIMED_WORD * 8)[0])
+            return RegionHeader(link.region).reclaimed(peer_side)
 
         _wait_for(reclaimed, 5)
-        state = struct.unpack_from("<Q", link.region, (_SIDE_WORD[peer_side] + 1) * 8)[0]
-        assert state == STATE_CLOSED
+        assert RegionHeader(link.region).closed(peer_side)
         with trio.fail_after(5), pytest.raises(PeerGone):
             await endpoint.recv()
         with pytest.raises(PeerGone):
@@ -543,3 +539,20 @@ async def test_one_process_owning_both_sides_and_the_close_hook(
         assert status["channels"] == 0 and status["counters"].get("not_owner", 0) == 0
     finally:
         broker.close()
+
+
+def test_the_daemon_uses_only_the_public_names_of_the_shm_package() -> None:
+    import ast
+    from pathlib import Path
+
+    import stacklib.daemon
+
+    package = Path(stacklib.daemon.__file__).parent
+    for path in sorted(package.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "stacklib.transports.shm"
+            ):
+                assert node.module == "stacklib.transports.shm", f"{path.name}: {node.module}"
+                private = [alias.name for alias in node.names if alias.name.startswith("_")]
+                assert not private, f"{path.name} imports {private} of shm"

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 import trio
 
+from stacklib.bench.peers.ether import bench_ether, echo_peer
 from stacklib.errors import ChannelError, UNetError
 from stacklib.netns import (
     capability_problem,
@@ -35,8 +36,6 @@ from stacklib.transports.ether import (
     EtherAddress,
     EtherNetwork,
     EtherParams,
-    bench_ether,
-    echo_peer,
     in_namespace,
 )
 from stacklib.unet import Endpoint

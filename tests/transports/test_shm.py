@@ -10,15 +10,14 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from stacklib.bench.peers.shm import PeerSpec, spawn_peer
 from stacklib.transports import TRANSPORTS
 from stacklib.transports.shm import (
     KIND_MESSAGE,
     PeerGone,
-    PeerSpec,
     ShmAddress,
     ShmEndpoint,
     ShmNetwork,
-    spawn_peer,
 )
 from stacklib.unet import (
     DescriptorStatus,

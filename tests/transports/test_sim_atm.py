@@ -513,7 +513,7 @@ def test_sba200_ping_pong_wakes_one_task_per_message_with_unchanged_times() -> N
 
 @pytest.mark.parametrize("model", ["sba200", "pca200"])
 def test_the_i960_transmit_fast_path_changes_no_time(model: Literal["sba200", "pca200"]) -> None:
-    # I960NI._transmit inlines SimNI._transmit's hooks (docs/performance.md "Virtual time");
+    # I960NI.transmit inlines SimNI.transmit's hooks (docs/performance.md "Virtual time");
     # with it switched off the generic path must give the very same times and reservations,
     # under back-pressure (a burst fills the output FIFO) and for multi-cell messages too.
     Seen = list[tuple[str, float, int]]

@@ -423,11 +423,11 @@ def test_two_nodes_exchange_ipv4_frames_through_the_kernels_bridge() -> None:
 
         assert trio.run(exchange) == packet
         with pytest.raises(ChannelError, match="unicast"):
-            a.ni._tags(ep_a, TapAddress("ff:ff:ff:ff:ff:ff"))
+            a.ni.tags(ep_a, TapAddress("ff:ff:ff:ff:ff:ff"))
         with pytest.raises(ChannelError, match="own MAC"):
-            a.ni._tags(ep_a, a.ni.address_of(ep_a))
+            a.ni.tags(ep_a, a.ni.address_of(ep_a))
         with pytest.raises(ChannelError, match="not a TapAddress"):
-            a.ni._tags(ep_a, "10.0.0.1")
+            a.ni.tags(ep_a, "10.0.0.1")
     assert made not in namespaces()  # closing removed the namespace it made
 
 

@@ -11,6 +11,7 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
+from stacklib.bench.peers.udp import udp_echo_main
 from stacklib.sim import RealWorld
 from stacklib.transports import TRANSPORTS
 from stacklib.transports.udp import (
@@ -23,7 +24,6 @@ from stacklib.transports.udp import (
     UdpNetwork,
     build,
     parse,
-    udp_echo_main,
 )
 from stacklib.unet import Endpoint, connect
 

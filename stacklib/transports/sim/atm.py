@@ -67,7 +67,7 @@ class I960NI(SimNI):
         self.params = params
         self._seconds_cache: tuple[I960Params, tuple[float, ...]] | None = None
         cls = type(self)
-        #: No subclass replaced a hook that _transmit inlines.
+        #: No subclass replaced a hook that transmit inlines.
         self._fused = (
             cls.tx_ready is SimNI.tx_ready
             and cls.wire_tag is I960NI.wire_tag
@@ -138,17 +138,17 @@ class I960NI(SimNI):
         first, last = stage(self.engine, now, now, cells, per, head)
         return stage(self.bus, first, last, cells, k[3])
 
-    def _transmit(
+    def transmit(
         self, endpoint: Endpoint, channel: Channel, descriptor: SendDescriptor, data: Payload
     ) -> bool:
         if not self._fused:
-            return super()._transmit(endpoint, channel, descriptor, data)
-        # SimNI._transmit with tx_ready, wire_tag and tx_timing inlined (once per message):
+            return super().transmit(endpoint, channel, descriptor, data)
+        # SimNI.transmit with tx_ready, wire_tag and tx_timing inlined (once per message):
         # the same reservations, heap entries and packet, in the same order.
         world = self.world
         now = world.now()
         ready = self.engine.busy_until
-        link = self._egress.busy_until - self.tx_backlog
+        link = self.egress_link.busy_until - self.tx_backlog
         if link > ready:
             ready = link
         if ready > now:
@@ -161,7 +161,7 @@ class I960NI(SimNI):
         first_out, last_out = self._tx_stages(shape.units, now)
         packet = Packet(self.name, node, vci, bytes(data), descriptor.dest_offset, shape, vci)
         world.call_at(last_out, self._tx_done, endpoint, descriptor, length)
-        self.fabric._transmit_from(self, packet, first_out, last_out)
+        self.fabric.transmit_from(self, packet, first_out, last_out)
         return True
 
     def rx_timing(self, packet: Packet, first_in: float, last_in: float) -> float:

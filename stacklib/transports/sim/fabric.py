@@ -125,7 +125,7 @@ class Fabric:
         ni.link = link if link is not None else self.tech
         ni.uplink = self.world.resource(f"{self.name}:{ni.name}:up")
         ni.downlink = self.world.resource(f"{self.name}:{ni.name}:down")
-        ni._egress = self.egress(ni)
+        ni.egress_link = self.egress(ni)
 
     def egress(self, ni: SimNI) -> Resource:
         """The first shared or serial resource a sender's frames queue on: its own link to
@@ -151,9 +151,9 @@ class Fabric:
         """A sender NI puts ``packet`` on its link: first unit at ``first_out``, last at
         ``last_out``.  The link to the switch belongs to the sender alone, so it is reserved
         now; shared stages are reserved when the first unit reaches them."""
-        self._transmit_from(self.nis[packet.source], packet, first_out, last_out)
+        self.transmit_from(self.nis[packet.source], packet, first_out, last_out)
 
-    def _transmit_from(
+    def transmit_from(
         self, source: SimNI, packet: Packet, first_out: float, last_out: float
     ) -> None:
         """:meth:`transmit` from the NI ``source`` (the sender's own call: no name look-up)."""
@@ -196,7 +196,7 @@ class Fabric:
             if self.taps:
                 for tap in self.taps:
                     tap(last, packet)
-            self.world.call_at(first, destination._arrive, packet, first, last)
+            self.world.call_at(first, destination.arrive, packet, first, last)
             return
         for copy in self._faults(packet):
             first, last = stage(
@@ -253,7 +253,7 @@ class Fabric:
         if self.taps:
             for tap in self.taps:
                 tap(last_in, packet)
-        self.world.call_at(first_in, destination._arrive, packet, first_in, last_in)
+        self.world.call_at(first_in, destination.arrive, packet, first_in, last_in)
 
     def statistics(self) -> FabricStatistics:
         return FabricStatistics(

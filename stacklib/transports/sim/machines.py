@@ -183,13 +183,13 @@ class MachineNI(MemoryNI):
 
     def __init__(self, name: str, host: Host, network: MemoryNetwork, model: NetworkModel) -> None:
         super().__init__(name, host, network)
-        # Every message pays Table 2's costs in _transmit: never the memory transport's
+        # Every message pays Table 2's costs in transmit: never the memory transport's
         # immediate one-copy path, which skips it.
         self.immediate = False
         self.model = model
         self._link_free = 0.0
 
-    def _transmit(
+    def transmit(
         self, endpoint: Endpoint, channel: Channel, descriptor: SendDescriptor, data: Payload
     ) -> bool:
         world = self.world
@@ -206,12 +206,12 @@ class MachineNI(MemoryNI):
         node = self.network.nodes[destination.node]
         key = (self.name, endpoint.port, destination.port)
         world.call_at(arrival, _receive, node, half, key, bytes(data), descriptor.dest_offset)
-        self._injected(endpoint, descriptor, len(data))
+        self.injected(endpoint, descriptor, len(data))
         return True
 
 
 def _receive(node: Node, half: float, key: object, data: bytes, offset: int | None) -> None:
-    node.host.resource("cpu").hold(half, node.ni._deliver, key, data, offset)
+    node.host.resource("cpu").hold(half, node.ni.deliver, key, data, offset)
 
 
 @attrs.frozen

@@ -177,12 +177,12 @@ class MemoryManagedNI(SimNI):
             self._spaces[endpoint.owner] = space
         return space
 
-    def _attach(self, endpoint: Endpoint) -> None:
-        super()._attach(endpoint)
+    def attach_endpoint(self, endpoint: Endpoint) -> None:
+        super().attach_endpoint(endpoint)
         self.mm.open_endpoint(endpoint.port, self.address_space(endpoint))
 
-    def _detach(self, endpoint: Endpoint) -> None:
-        super()._detach(endpoint)
+    def detach_endpoint(self, endpoint: Endpoint) -> None:
+        super().detach_endpoint(endpoint)
         if self.mm.is_open(endpoint.port):
             for key in [k for k, p in self._pending.items() if p.port == endpoint.port]:
                 del self._pending[key]  # its transfers are released by close_endpoint
@@ -255,10 +255,10 @@ class MemoryManagedNI(SimNI):
 
     # ------------------------------------------------------------------ send path
 
-    def _validate(self, endpoint: Endpoint, descriptor: SendDescriptor) -> SendError:
+    def validate(self, endpoint: Endpoint, descriptor: SendDescriptor) -> SendError:
         fragments = descriptor.fragments
         if descriptor.inline is not None or not any(f.offset >= VIRTUAL for f in fragments):
-            return super()._validate(endpoint, descriptor)
+            return super().validate(endpoint, descriptor)
         # Virtual fragments are checked by the TLB when the NI translates them.
         if descriptor.channel not in endpoint.channels:
             return SendError.UNKNOWN_CHANNEL
@@ -280,7 +280,7 @@ class MemoryManagedNI(SimNI):
             return SendError.DIRECT_UNSUPPORTED
         return SendError.NONE
 
-    def _transmit(
+    def transmit(
         self, endpoint: Endpoint, channel: Channel, descriptor: SendDescriptor, data: Payload
     ) -> bool:
         pending = self._pending.get(id(descriptor))
@@ -288,7 +288,7 @@ class MemoryManagedNI(SimNI):
             if descriptor.inline is not None or not any(
                 f.offset >= VIRTUAL for f in descriptor.fragments
             ):
-                return super()._transmit(endpoint, channel, descriptor, data)
+                return super().transmit(endpoint, channel, descriptor, data)
             now = self.world.now()
             ready = self.tx_ready(now)
             if ready > now:
@@ -301,7 +301,7 @@ class MemoryManagedNI(SimNI):
         if pending.ready > now:
             self._schedule_poll(pending.ready)  # the data moves once the steps are done
             return False
-        return super()._transmit(endpoint, channel, descriptor, pending.data)
+        return super().transmit(endpoint, channel, descriptor, pending.data)
 
     def _translate(self, endpoint: Endpoint, descriptor: SendDescriptor, now: float) -> bool:
         """Translate a descriptor's virtual fragments; True when its transfer may start."""
@@ -393,7 +393,7 @@ class MemoryManagedNI(SimNI):
         for entry in kept:
             free.push(entry)
 
-    def _fill(
+    def deliver_to(
         self, endpoint: Endpoint, channel: int, data: Payload, dest_offset: int | None
     ) -> None:
         port = endpoint.port
@@ -403,11 +403,11 @@ class MemoryManagedNI(SimNI):
             or endpoint.closed
             or not self.mm.is_open(port)
         ):
-            super()._fill(endpoint, channel, data, dest_offset)
+            super().deliver_to(endpoint, channel, data, dest_offset)
             return
         self._pull(endpoint)
         if not self.mm.free_buffers(port):
-            super()._fill(endpoint, channel, data, dest_offset)
+            super().deliver_to(endpoint, channel, data, dest_offset)
             return
         if len(data) > self.max_message:
             self.drop(DropReason.TOO_LONG, endpoint)
@@ -454,7 +454,7 @@ class MemoryManagedNI(SimNI):
         endpoint.received_bytes += length
         self.received += 1
         self.received_bytes += length
-        endpoint._arrived(length)
+        endpoint.notify_arrived(length)
         # Keep the next buffers translated while the NI is otherwise idle.
         if mm.is_open(endpoint.port):
             self._pull(endpoint)

@@ -425,7 +425,7 @@ class MyrinetNI(SimNI):
         _, lcp_done = stage(self.engine, header_in, header_in, 1, self._lcp_recv)
         self.sram_rx_bytes += shape.units
         self.sram_rx_peak = max(self.sram_rx_peak, self.sram_rx_bytes)
-        endpoint = self._demux.get(packet.rx_key)
+        endpoint = self.demux.get(packet.rx_key)
         if endpoint is None:
             return lcp_done  # the LCP drops an unknown tag on sight: nothing crosses PCI
         # The hardware compares the CRC after the last byte (``last``); a failed check stops

@@ -77,7 +77,7 @@ class SimNI(NetworkInterface):
         self.uplink: Resource = host.resource("uplink")  # replaced by Fabric.attach
         self.downlink: Resource = host.resource("downlink")
         #: ``fabric.egress(self)``, set by Fabric.attach (read once per message).
-        self._egress: Resource = self.uplink
+        self.egress_link: Resource = self.uplink
         self.link: LinkTech = fabric.tech
         #: Delay from a doorbell to the NI noticing the descriptor (an NI polling its queues).
         self.poll_latency = poll_latency
@@ -110,7 +110,7 @@ class SimNI(NetworkInterface):
     def address_of(self, endpoint: Endpoint) -> SimAddress:
         return SimAddress(self.name, endpoint.port)
 
-    def _tags(self, endpoint: Endpoint, remote: object) -> tuple[Hashable, Hashable]:
+    def tags(self, endpoint: Endpoint, remote: object) -> tuple[Hashable, Hashable]:
         if not isinstance(remote, SimAddress):
             raise ChannelError(f"{self!r} cannot reach {remote!r}: not a SimAddress")
         if remote.node not in self.fabric.nis:
@@ -146,12 +146,12 @@ class SimNI(NetworkInterface):
         """When the NI can take the next send descriptor: its processor is free and its link
         has room in the output FIFO."""
         engine = self.engine.busy_until
-        link = self._egress.busy_until - self.tx_backlog  # link_ready(), inlined
+        link = self.egress_link.busy_until - self.tx_backlog  # link_ready(), inlined
         return engine if engine >= link else link
 
     def link_ready(self) -> float:
         """When the link's queue has drained to the NI's transmit backlog."""
-        return self._egress.busy_until - self.tx_backlog
+        return self.egress_link.busy_until - self.tx_backlog
 
     # ------------------------------------------------------------------ send path
 
@@ -172,12 +172,12 @@ class SimNI(NetworkInterface):
         if self._poll_at != when:
             return  # superseded by an earlier poll
         self._poll_at = None
-        # _resume() inlined (once per message on a polling NI): the same loop.
+        # resume() inlined (once per message on a polling NI): the same loop.
         for endpoint in list(self.endpoints.values()):
             if endpoint.send_queue:
-                self._service(endpoint)
+                self.service(endpoint)
 
-    def _transmit(
+    def transmit(
         self, endpoint: Endpoint, channel: Channel, descriptor: SendDescriptor, data: Payload
     ) -> bool:
         world = self.world
@@ -201,16 +201,16 @@ class SimNI(NetworkInterface):
             tag,
         )
         world.call_at(injected, self._tx_done, endpoint, descriptor, length)
-        self.fabric._transmit_from(self, packet, first_out, last_out)
+        self.fabric.transmit_from(self, packet, first_out, last_out)
         return True
 
     def _tx_done(self, endpoint: Endpoint, descriptor: SendDescriptor, length: int) -> None:
-        self._injected(endpoint, descriptor, length)
-        endpoint._send_progress()
+        self.injected(endpoint, descriptor, length)
+        endpoint.notify_sent()
 
     # ------------------------------------------------------------------ receive path
 
-    def _arrive(self, packet: Packet, first_in: float, last_in: float) -> None:
+    def arrive(self, packet: Packet, first_in: float, last_in: float) -> None:
         """The first unit of ``packet`` reached this NI (called at ``first_in``)."""
         done = self.rx_timing(packet, first_in, last_in)
         self.world.call_at(done, self._rx_done, packet)
@@ -220,9 +220,9 @@ class SimNI(NetworkInterface):
             # The AAL5 CRC (or Ethernet FCS) check fails: the whole message is dropped.
             self.drop(DropReason.CORRUPTED)
             return
-        # _deliver() inlined (once per message): the same look-up, drop and fill.
-        entry = self._demux.get(packet.rx_key)
+        # deliver() inlined (once per message): the same look-up, drop and fill.
+        entry = self.demux.get(packet.rx_key)
         if entry is None:
             self.dropped[DropReason.UNKNOWN_TAG] += 1
             return
-        self._fill(entry[0], entry[1], packet.payload, packet.dest_offset)
+        self.deliver_to(entry[0], entry[1], packet.payload, packet.dest_offset)
