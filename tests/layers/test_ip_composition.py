@@ -22,7 +22,7 @@ from stacklib.layers.udp import UdpLayer, UdpStack
 from stacklib.services import DatagramService, ReliableService, Service, StreamService, UNetService
 from stacklib.sim import Simulation
 from stacklib.stack import Layer, open_stack
-from stacklib.transports.sim import AtmParams, build_atm
+from stacklib.transports.sim import AtmParams, FastEthernetParams, build_atm, build_fe
 from stacklib.transports.sim.params import FaultParams
 from stacklib.unet import connect
 from tests.layers.test_ip_driver import CONFIG, A, B, make_pair, run_virtual
@@ -165,6 +165,40 @@ def test_arq_over_udp_over_a_lossy_simulated_network_delivers_exactly_once_in_or
     run_virtual(sim, main)
     assert result["got"] == [(result["ch_b"], m) for m in out]
     assert typing.cast(int, result["retransmitted"]) > 0  # the network did lose some
+
+
+def test_uam_over_udp_over_a_lossy_simulated_fast_ethernet_delivers_in_order() -> None:
+    sim = Simulation(seed=5)
+    faults = FaultParams(loss=0.03, reorder=0.03)
+    out = [*messages(150, b"u"), bytes(6000)]  # the last in five chunks of UDP's 1469 bytes
+    result: dict[str, object] = {}
+
+    async def main() -> None:
+        cluster = build_fe(sim, FastEthernetParams(host="p120", faults=faults), ["a", "b"], None)
+        na, nb = cluster.nodes["a"], cluster.nodes["b"]
+        ep_a = na.os.create_endpoint(na.os.process("a"), CONFIG)
+        ep_b = nb.os.create_endpoint(nb.os.process("b"), CONFIG)
+        ch_a, ch_b = connect(ep_a, ep_b)
+        uam = UamLayer(UamParams(rto_us=4000.0, max_retries=30))
+        a_layers, b_layers = stacks(ch_a, ch_b, [uam])
+        async with (
+            open_stack(UNetService(ep_a), a_layers) as a,
+            open_stack(UNetService(ep_b), b_layers) as b,
+        ):
+
+            async def send_all() -> None:
+                for message in out:
+                    await a.send(ch_a, message)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(send_all)
+                result["got"] = [await b.recv() for _ in out]
+            result["stats"] = typing.cast(typing.Any, a).peer_statistics(ch_a)
+            result["ch_b"] = ch_b
+
+    run_virtual(sim, main)
+    assert result["got"] == [(result["ch_b"], m) for m in out]
+    assert typing.cast(typing.Any, result["stats"]).retransmitted > 0  # go-back-N resent
 
 
 # --- a user's layer over TCP's stream service ---------------------------------------------------
