@@ -19,11 +19,11 @@ from stacklib.bench import Session
 from stacklib.bench.bandwidth import BandwidthParams, run_bandwidth
 from stacklib.bench.logp import LogPParams, run_logp
 from stacklib.bench.result import Cell, Result
-from stacklib.layers.myrinet import LIBRARIES
-from stacklib.layers.myrinet.transport import open_library
 from stacklib.reproduce import Experiment, Figure, register_experiment
 from stacklib.sim import Simulation
 from stacklib.transports.sim.lanai4 import FIG2_CURVES, Lanai4Cluster, fig2, host_ni_bandwidth
+from stacklib.transports.sim.myrinet_libs import LIBRARIES
+from stacklib.transports.sim.myrinet_libs.transport import open_library
 
 __all__ = [
     "BANDWIDTH_SIZES",

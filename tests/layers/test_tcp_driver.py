@@ -233,13 +233,21 @@ async def test_the_stream_service_view_uses_integer_peers() -> None:
         with trio.fail_after(10):
             assert isinstance(a, StreamService)
             assert peer_address(peer_id(B)) == B
-            client = await a.connect(peer_id(B))
+            client = await a.connect(peer_id(B))  # an address as an integer
             peer, server = await b.accept()
-            assert peer == peer_id(A)
+            # The remote host by its peer id: the channel below IP that reaches A.
+            assert peer == b.ip.neighbors()[A] < 1 << 24
             await client.send_all(b"hello")
             assert await server.receive_some() == b"hello"
+            to_b = a.ip.neighbors()[B]
+            again = await a.connect(to_b)  # the same host by its peer id
+            _, second = await b.accept()
+            await again.send_all(b"by id")
+            assert await second.receive_some() == b"by id"
             with pytest.raises(LocalProtocolError):
                 await a.connect(-1)
+            with pytest.raises(LocalProtocolError, match=r"no peer 77 \(peers: \["):
+                await a.connect(77)
 
 
 async def test_trio_stream_conformance() -> None:

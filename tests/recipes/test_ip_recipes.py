@@ -3,6 +3,8 @@ from the channel table."""
 
 from __future__ import annotations
 
+import tomllib
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,7 +12,7 @@ import pytest
 import stacklib.bench.streams  # noqa: F401  (registers udp-pingpong)
 from stacklib.errors import ConfigError
 from stacklib.layers.ip.driver import IpLayer
-from stacklib.recipes import expand_node, parse_recipe, run_recipe
+from stacklib.recipes import expand_node, load_recipe, parse_recipe, run_recipe
 
 
 def ip_udp(ip: dict[str, Any] | None = None, **workload: Any) -> dict[str, object]:
@@ -118,3 +120,60 @@ def test_ip_udp_recipe_in_virtual_time_with_node_index() -> None:
     result = run_recipe(parse_recipe(data, "inline"))
     assert result.facts["server"] == "192.168.1.1:7"
     assert result.facts["lost"] == 0
+
+
+# --- layers on UDP's datagram face --------------------------------------------------------------
+
+REPO_RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+
+
+@pytest.mark.parametrize(
+    ("name", "above"), [("arq-udp-atm", ["ip", "udp", "arq"]), ("uam-udp-fe", ["ip", "udp", "uam"])]
+)
+def test_a_layer_on_udp_runs_from_its_recipe_in_virtual_time(name: str, above: list[str]) -> None:
+    data = tomllib.loads((REPO_RECIPES / f"{name}.toml").read_text())
+    assert [layer["kind"] for layer in data["layers"]] == above
+    result = run_recipe(load_recipe(REPO_RECIPES / f"{name}.toml"))
+    rtts = [row["rtt_us"] for row in result.rows]
+    assert [row["size"] for row in result.rows] == data["workload"]["sizes"]
+    assert all(isinstance(rtt, float) and rtt > 0 for rtt in rtts)
+    assert rtts == sorted(rtts)  # longer messages take longer
+    # UDP's own datagram face, no layer above: the smallest message, quicker.
+    bare = dict(data, layers=data["layers"][:2], workload={**data["workload"], "sizes": [0]})
+    bare_rtts = [row["rtt_us"] for row in run_recipe(parse_recipe(bare, "bare.toml")).rows]
+    assert bare_rtts[0] < rtts[0]  # type: ignore[operator]  (the layer's header and work)
+
+
+@pytest.mark.parametrize("layer", ["arq", "uam"])
+def test_a_layer_on_udp_runs_on_the_memory_transport_in_real_time(layer: str) -> None:
+    data: dict[str, Any] = {
+        "run": {"clock": "real"},
+        "transport": {"kind": "memory"},
+        "layers": [{"kind": "ip", "address": "10.0.0.{node1}"}, {"kind": "udp"}, {"kind": layer}],
+        "workload": {"kind": "pingpong", "sizes": [0, 100, 3000], "iterations": 5, "warmup": 1},
+    }
+    result = run_recipe(parse_recipe(data, f"{layer}-udp-memory.toml"))
+    assert [row["size"] for row in result.rows] == [0, 100, 3000]
+    assert result.facts["clock"] == "real"
+
+
+def test_arq_on_udp_over_a_lossy_network_completes_every_round_trip() -> None:
+    data = tomllib.loads((REPO_RECIPES / "arq-udp-atm.toml").read_text())
+    data["transport"]["faults"] = {"loss": 0.01}  # per ATM cell: 2% of 100-byte PDUs, 20% of 1000
+    data["workload"].update(sizes=[100, 1000], iterations=40, warmup=0)
+    lossy = run_recipe(parse_recipe(data, "lossy.toml")).rows
+    data["transport"]["faults"] = {"loss": 0.0}
+    clean = run_recipe(parse_recipe(data, "clean.toml")).rows
+    # ARQ resent what was lost: every round trip completed, some after a 2 ms timeout.
+    assert [row["size"] for row in lossy] == [100, 1000]
+    for hit, calm in zip(lossy, clean, strict=True):
+        assert hit["rtt_us"] > calm["rtt_us"]  # type: ignore[operator]
+        assert hit["min_us"] == pytest.approx(calm["min_us"])  # the fastest one lost nothing
+
+
+def test_udps_face_port_is_a_checked_parameter() -> None:
+    data = ip_udp()
+    data["layers"][1]["port"] = 0  # type: ignore[index]
+    with pytest.raises(ConfigError) as caught:
+        parse_recipe(data, "bad.toml")
+    assert caught.value.key.startswith("layers[1]")

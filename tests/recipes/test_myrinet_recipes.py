@@ -14,8 +14,8 @@ from stacklib.bench import workload_kind
 from stacklib.bench.logp import LogPParams, run_logp
 from stacklib.errors import ConfigError, Deadlock
 from stacklib.experiments.myrinet import open_session
-from stacklib.layers.myrinet import LIBRARIES
 from stacklib.recipes import load_recipe, parse_recipe, run_recipe
+from stacklib.transports.sim.myrinet_libs import LIBRARIES
 
 REPO_RECIPES = Path(__file__).resolve().parents[2] / "stacklib" / "recipes"
 

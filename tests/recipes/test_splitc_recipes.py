@@ -124,7 +124,8 @@ def test_splitc_needs_uam_below_it() -> None:
         parse_recipe(data, "bad.toml")
     data["layers"] = [{"kind": "arq"}]  # reliable, but not active messages
     recipe = parse_recipe(data, "arq.toml")
-    with pytest.raises(ConfigError, match="layers: the splitc workload runs over Split-C or UAM"):
+    message = "layers: the splitc workload runs over Split-C or Active Messages"
+    with pytest.raises(ConfigError, match=message):
         run_recipe(recipe)
 
 

@@ -107,7 +107,10 @@ class Work:
         self.start_compute = 0.0
         self.ops: dict[str, float] = {}
         self.last_wall: dict[str, float] = {}  # op -> wall time of its last run
-        self.ack_delay = sc.am.params.ack_delay_us * 1e-6
+        # UAM's delayed acknowledgment; a service without one (GAM replies at once) is
+        # acknowledged before every computation, which costs it nothing.
+        params = getattr(sc.am, "params", None)
+        self.ack_delay = params.ack_delay_us * 1e-6 if isinstance(params, UamParams) else 0.0
 
     async def __call__(
         self, op: str, count: float | Callable[[T], float], fn: Callable[[], T]

@@ -34,7 +34,7 @@ from stacklib.bench import Session, WorkloadKind, register_workload
 from stacklib.bench.result import Column, Result
 from stacklib.errors import ConfigError
 from stacklib.layers.splitc import SplitC
-from stacklib.services import ReliableService
+from stacklib.services import ActiveMessageService, ReliableService
 from stacklib.sim import Simulation
 
 __all__ = ["SPLITC", "SplitcWorkloadParams", "run_splitc"]
@@ -96,16 +96,16 @@ async def run_splitc(session: Session, params: SplitcWorkloadParams) -> Result:
 
     from stacklib.bench.splitc.cluster import SPLITC_UAM
     from stacklib.bench.splitc.programs import RankResult, make_program
-    from stacklib.layers.uam import UamService
     from stacklib.transports.sim.machines import MACHINES
 
     services = list(session.services)
     layered = all(isinstance(service, SplitC) for service in services)
-    if not layered and not all(isinstance(service, UamService) for service in services):
+    if not layered and not all(isinstance(service, ActiveMessageService) for service in services):
         raise ConfigError(
             "recipe",
             "layers",
-            "the splitc workload runs over Split-C or UAM: end the layers with splitc or uam",
+            "the splitc workload runs over Split-C or Active Messages: end the layers with "
+            "splitc or uam (or run on sim-myrinet-am, whose bottom is GAM's Active Messages)",
         )
     machine = MACHINES[params.machine] if params.machine is not None else None
     program = make_program(
@@ -127,7 +127,7 @@ async def run_splitc(session: Session, params: SplitcWorkloadParams) -> Result:
         # are made).
         ranks = [
             SplitC(
-                typing.cast(UamService, service),
+                typing.cast(ActiveMessageService, service),
                 rank,
                 session.peers[rank],
                 cpu=nodes[rank].host.resource("cpu") if simulated else None,
@@ -197,7 +197,8 @@ SPLITC = register_workload(
         Params=SplitcWorkloadParams,
         run=run_splitc,
         description="a Split-C benchmark program (paper 000 §6, paper 003 §5.1), one rank per node",
-        # UAM (Split-C is made over it) or the splitc layer itself.
+        # Active Messages (Split-C is made over them; the uam layer declares the reliable
+        # service it extends) or the splitc layer itself.
         requires=(ReliableService, SplitC),
     )
 )

@@ -501,6 +501,10 @@ class UNetIpStack(IpStack):
         """Peer address -> channel, as configured and learned."""
         return dict(self._routes)
 
+    def neighbors(self) -> Mapping[str, int]:
+        """The routes, live (no copy: the datagram face of UDP reads it per datagram)."""
+        return self._routes
+
     def add_peer(self, address: str, channel: int) -> None:
         """Reach ``address`` through ``channel`` (replaces an existing entry)."""
         ip_bytes(address)

@@ -7,7 +7,10 @@
   applications"), so transports do not receive from IP directly: each opens its
   :class:`ProtocolEndpoint` with :meth:`IpService.open_protocol` and UDP and TCP share the
   instance.
-* :class:`UdpService` and :class:`UdpSocket`: datagrams between (address, port) pairs.
+* :class:`UdpService` and :class:`UdpSocket`: datagrams between (address, port) pairs; a UDP
+  service is also a :class:`~stacklib.services.DatagramService` whose peers are the hosts IP
+  reaches directly (:meth:`IpService.neighbors`), so datagram layers (ARQ, UAM, your own) stack
+  on it.
 
 Addresses are dotted-quad strings (``"10.0.0.1"``), as Python's socket module uses them.
 """
@@ -15,11 +18,12 @@ Addresses are dotted-quad strings (``"10.0.0.1"``), as Python's socket module us
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import trio
 
-from stacklib.services import FrameService, Service  # FrameService: re-exported
+from stacklib.services import DatagramService, FrameService, Service  # FrameService: re-exported
 
 if TYPE_CHECKING:
     from stacklib.sim.resources import Resource
@@ -94,6 +98,13 @@ class IpService(Service):
     def open_protocol(self, protocol: int) -> ProtocolEndpoint:
         """Start receiving ``protocol``; :class:`LocalProtocolError` if already open."""
 
+    def neighbors(self) -> Mapping[str, int]:
+        """Address -> peer id of the hosts reached directly, numbered as the service below
+        numbers its peers (over U-Net: the channel ids, so the other nodes keep their ids up
+        the stack).  Empty where the link has no such numbering (Ethernet mode).  Read-only:
+        it may be the live table, which grows as IP learns peers."""
+        return {}
+
     @property
     def modeled_cpu(self) -> Resource | None:
         """The host CPU resource where the NI below models host costs, else None.
@@ -139,8 +150,14 @@ class UdpSocket(abc.ABC):
         self.close()
 
 
-class UdpService(Service):
-    """UDP (RFC 768): ports over an :class:`IpService`."""
+class UdpService(DatagramService):
+    """UDP (RFC 768): ports over an :class:`IpService`, and a datagram service to the peers.
+
+    Sockets (:meth:`bind`) speak (address, port) pairs.  The datagram face (``send(peer,
+    data)``, ``recv()``) uses one port, the same on every node: peer ``p`` is
+    (``address``, ``port``) where :meth:`IpService.neighbors` maps ``address`` to ``p``, so a
+    layer above UDP sees the same peer ids as it would over U-Net.  Datagrams may be lost.
+    """
 
     kind = "udp"
 

@@ -1,4 +1,12 @@
-"""``SplitcLayer``: Split-C as a stack layer over UAM (``[[layers]] kind = "splitc"``).
+"""``SplitcLayer``: Split-C as a stack layer over Active Messages (``[[layers]] kind = "splitc"``).
+
+It runs over any :class:`~stacklib.services.ActiveMessageService`: U-Net Active Messages (the
+``uam`` layer) or the Myrinet GAM library's Active Messages (the ``sim-myrinet-am`` transport's
+bottom).  Opening refuses anything else with an :class:`~stacklib.errors.AssemblyError` naming
+the need.  Assembly (``check_fit``) can only refuse what the layer below declares: UAM's layer
+declares the :class:`~stacklib.services.ReliableService` it extends, so until it declares
+:class:`~stacklib.services.ActiveMessageService` the layer's declared need stays
+``ReliableService`` and the opening check carries the rest.
 
 Its rank and rank -> channel map come, in this order, from the constructor (or ``rank`` in the
 recipe), from the recipe's placement (node ``i`` is rank ``i``, :meth:`SplitcLayer.place`), or
@@ -16,8 +24,7 @@ import attrs
 
 from stacklib.errors import AssemblyError
 from stacklib.layers.splitc.runtime import SplitC, open_splitc
-from stacklib.layers.uam import UamService
-from stacklib.services import ReliableService, Service
+from stacklib.services import ActiveMessageService, ReliableService, Service
 from stacklib.sim import Resource
 from stacklib.stack import Layer, Placement, register_layer
 
@@ -47,7 +54,7 @@ class SplitcParams:
     linger_us: float = attrs.field(default=10_000.0, validator=_positive)
 
 
-def default_channels(am: UamService, rank: int) -> dict[int, int]:
+def default_channels(am: ActiveMessageService, rank: int) -> dict[int, int]:
     """Rank -> peer when the peers below, in ascending order, are the other ranks in ascending
     order (as :func:`stacklib.launch.bootstrap` creates the channels)."""
     others = [r for r in range(len(am.peers) + 1) if r != rank]
@@ -56,9 +63,10 @@ def default_channels(am: UamService, rank: int) -> dict[int, int]:
 
 @register_layer
 class SplitcLayer(Layer):
-    """Split-C's global address space over U-Net Active Messages (docs/splitc.md)."""
+    """Split-C's global address space over Active Messages (docs/splitc.md)."""
 
     name = "splitc"
+    #: What assembly can check; opening requires an ActiveMessageService (module docstring).
     requires = ReliableService
     provides = SplitC
     Params = SplitcParams
@@ -97,11 +105,13 @@ class SplitcLayer(Layer):
 
     @asynccontextmanager
     async def open(self, below: Service) -> AsyncIterator[SplitC]:
-        """Run Split-C over ``below`` (a UAM service) and yield this rank's :class:`SplitC`."""
+        """Run Split-C over ``below`` (an :class:`ActiveMessageService`) and yield this rank's
+        :class:`SplitC`; :class:`AssemblyError` naming the need for anything else."""
         self.require_below(below)
-        if not isinstance(below, UamService):
+        if not isinstance(below, ActiveMessageService):
             raise AssemblyError(
-                f"layer 'splitc' runs over UAM's Active Messages, got {type(below).__name__}"
+                f"layer 'splitc' requires an 'active-messages' service (ActiveMessageService, "
+                f"e.g. the 'uam' layer), got {type(below).__name__}"
             )
         p = self.params
         if p.rank is not None:

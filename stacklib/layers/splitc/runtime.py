@@ -1,8 +1,11 @@
-"""The Split-C runtime: a global address space over U-Net Active Messages (paper 000 §6).
+"""The Split-C runtime: a global address space over Active Messages (paper 000 §6).
 
 "A Split-C program comprises one thread of control per processor from a single code image and
 the threads interact through reads and writes on shared data" (paper 000 §6).  Each rank of an
-SPMD program holds a :class:`SplitC` over its :class:`~stacklib.layers.uam.UamService`:
+SPMD program holds a :class:`SplitC` over its
+:class:`~stacklib.services.ActiveMessageService` (U-Net Active Messages,
+:class:`~stacklib.layers.uam.UamService`, or the Myrinet GAM library's Active Messages,
+:class:`~stacklib.transports.sim.myrinet_libs.GamActiveMessages`):
 
 * regions are named numpy arrays every rank registers collectively, in the same order (the
   SPMD model GAM assumes); their sizes are exchanged, so every rank knows every rank's bounds;
@@ -18,13 +21,14 @@ SPMD program holds a :class:`SplitC` over its :class:`~stacklib.layers.uam.UamSe
 Local accesses (the pointer's rank is this rank) go straight to the array and never touch the
 network.  The target checks every scalar access and answers an access outside its region with
 a status that the caller gets as :class:`SplitcAccessError`; bulk accesses and stores are
-checked by the caller against the exchanged sizes (and UAM refuses them at the target too).
+checked by the caller against the exchanged sizes (and the service refuses them at the target
+too).
 
-Handlers run wherever UAM runs them: in its background poller (``background_poll=True``), or
-inside :meth:`SplitC.poll` and the waits.  The waits poll, so both faces work: the trio face
-(``await sc.read(gp)``, ``await sc.sync()``, ``async with sc.split_phase():``) and the polling
-face (``get_nowait``, ``put_nowait``, ``store_nowait``, :meth:`SplitC.poll`,
-:attr:`SplitC.done`).
+Handlers run wherever the Active Message service runs them (UAM: in its background poller,
+``background_poll=True``), or inside :meth:`SplitC.poll` and the waits.  The waits poll, so
+both faces work: the trio face (``await sc.read(gp)``, ``await sc.sync()``, ``async with
+sc.split_phase():``) and the polling face (``get_nowait``, ``put_nowait``, ``store_nowait``,
+:meth:`SplitC.poll`, :attr:`SplitC.done`).
 """
 
 from __future__ import annotations
@@ -51,8 +55,7 @@ from stacklib.layers.splitc.wire import (
     request_fields,
     request_words,
 )
-from stacklib.layers.uam import UamService
-from stacklib.services import Service
+from stacklib.services import ActiveMessageService, Service
 from stacklib.sim import Resource
 
 __all__ = [
@@ -205,7 +208,7 @@ class SplitC(Service):
 
     def __init__(
         self,
-        am: UamService,
+        am: ActiveMessageService,
         rank: int,
         channels: Mapping[int, int],
         *,
@@ -381,15 +384,18 @@ class SplitC(Service):
             await self.am.request(self._peer[gp.rank], _H_REQUEST, *words)
 
     def get_nowait(self, gp: GlobalPtr) -> Pending:
-        """:meth:`get` that raises :class:`trio.WouldBlock` when UAM's window is full."""
+        """:meth:`get` that raises :class:`trio.WouldBlock` when the service cannot send
+        yet (UAM: its window is full)."""
         return self._nowait(gp, Kind.READ, None)
 
     def put_nowait(self, gp: GlobalPtr, value: Any) -> Pending:
-        """:meth:`put` that raises :class:`trio.WouldBlock` when UAM's window is full."""
+        """:meth:`put` that raises :class:`trio.WouldBlock` when the service cannot send
+        yet (UAM: its window is full)."""
         return self._nowait(gp, Kind.WRITE, value)
 
     def store_nowait(self, gp: GlobalPtr, value: Any) -> None:
-        """:meth:`store` that raises :class:`trio.WouldBlock` when UAM's window is full."""
+        """:meth:`store` that raises :class:`trio.WouldBlock` when the service cannot send
+        yet (UAM: its window is full)."""
         words = self._store(gp, value)
         if words is not None:
             try:
@@ -480,7 +486,7 @@ class SplitC(Service):
 
     async def bulk_get(self, dst: GlobalPtr, src: GlobalPtr, count: int) -> Pending:
         """Start fetching ``count`` elements at ``src`` into ``dst`` (on this rank); complete
-        after :meth:`sync`.  One UAM block get of any size."""
+        after :meth:`sync`.  One Active Message block get of any size."""
         if dst.rank != self.rank:
             raise LocalProtocolError(f"Split-C: bulk_get destination {dst} is not on this rank")
         local = self._check(dst, count)
@@ -510,7 +516,7 @@ class SplitC(Service):
 
     async def bulk_put(self, dst: GlobalPtr, data: npt.ArrayLike) -> Pending:
         """Start writing ``data`` at ``dst``; complete (acknowledged) after :meth:`sync`.
-        One UAM block store of any size."""
+        One Active Message block store of any size."""
         region, raw = self._bulk(dst, data)
         self.counters["bulk_puts"] += 1
         pending = Pending("bulk_put", dst)
@@ -580,9 +586,10 @@ class SplitC(Service):
         return self.am.poll()
 
     def acknowledge(self) -> int:
-        """Run the handlers of whatever has arrived and send UAM's owed acknowledgments now
-        (:meth:`UamService.acknowledge`); returns how many handlers ran.  Call it before a
-        long computation on a real transport, where the rank answers nobody until it ends."""
+        """Run the handlers of whatever has arrived and send the owed acknowledgments now
+        (:meth:`~stacklib.services.ActiveMessageService.acknowledge`); returns how many
+        handlers ran.  Call it before a long computation on a real transport, where the rank
+        answers nobody until it ends."""
         return self.am.acknowledge()
 
     async def sync(self) -> None:
@@ -600,7 +607,7 @@ class SplitC(Service):
             raise SplitcAccessError(f"{first}{more}")
 
     async def _drain_puts(self, peer: int) -> None:
-        # UAM acknowledges a store once its handler has run, so the data is in place.
+        # A store is acknowledged once its handler has run (UAM, GAM), so the data is in place.
         await self.am.drain(peer)
         for pending in self._put_peers.pop(peer, []):
             pending._complete()
@@ -731,7 +738,7 @@ class SplitC(Service):
             remaining -= step - stolen
 
     def statistics(self) -> Mapping[str, object]:
-        """Operation counters, plus UAM's."""
+        """Operation counters, plus the Active Message service's (under ``"uam"``)."""
         return {**self.counters, "uam": self.am.statistics()}
 
     # ------------------------------------------------------------------ handlers
@@ -836,7 +843,7 @@ def _scalar(array: npt.NDArray[Any]) -> Any:
 
 
 def open_splitc(
-    am: UamService,
+    am: ActiveMessageService,
     rank: int | None = None,
     channels: Mapping[int, int] | None = None,
     *,
@@ -844,17 +851,17 @@ def open_splitc(
     slot_bytes: int = 64 * 1024,
     linger: float = 0.01,
 ) -> AbstractAsyncContextManager[SplitC]:
-    """Run Split-C over ``am`` as ``rank``, with ``channels[r]`` the UAM peer of rank ``r``.
+    """Run Split-C over ``am`` as ``rank``, with ``channels[r]`` the peer of rank ``r``.
 
-    Open it right after UAM, with no checkpoint in between (as ``open_stack`` does), so the
-    handlers are registered before UAM runs any: a request to an empty handler slot is dropped.
+    Open it right after the service, with no checkpoint in between (as ``open_stack`` does), so
+    the handlers are registered before it runs any: a request to an empty slot is dropped.
     ``rank`` defaults to ``STACKLIB_RANK``; returns after a barrier, when every rank is ready.
     Leaving the block runs :meth:`SplitC.finish` with ``linger`` (seconds).
     """
     if rank is None:
         rank = int(os.environ.get("STACKLIB_RANK", "0"))
     if channels is None:
-        raise LocalProtocolError("Split-C: channels (rank -> UAM peer) are required")
+        raise LocalProtocolError("Split-C: channels (rank -> peer) are required")
     return _OpenSplitC(SplitC(am, rank, channels, cpu=cpu, slot_bytes=slot_bytes), linger)
 
 

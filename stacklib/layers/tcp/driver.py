@@ -17,8 +17,13 @@ layer is open (STYLE.md habit 8: a thin loop per stack, not per connection):
 code run over it); back-pressure is the send buffer (paper 000 §7.4: the window is the
 application's buffer).  :meth:`TcpStack.connect_to` and :meth:`TcpStack.listen` take IP
 addresses and ports; the :class:`~stacklib.services.StreamService` methods ``connect(peer)`` /
-``accept()`` use ``service_port`` with the peer's IPv4 address as a 32-bit integer
-(:func:`peer_id`, :func:`peer_address`), so stacks written against integer peers run over TCP.
+``accept()`` use ``service_port`` and integer peers, so stacks written against integer peers
+run over TCP: a peer is one of the ids IP has addresses for
+(:meth:`~stacklib.layers.ip.service.IpService.neighbors`: over U-Net the channel ids below IP,
+the same ids the other nodes have at the bottom of the stack), or an IPv4 address as a 32-bit
+integer (:func:`peer_id`, :func:`peer_address`; never below 2**24, as no address in 0.0.0.0/8 is
+a host's).  ``accept()`` names the remote host by its peer id where IP has one, else by its
+address's integer.
 
 Like Linux (RFC 2525 §2.17), closing a stream with unread data, or receiving data after the
 application closed it, resets the connection, so the peer's sender learns of it.
@@ -105,6 +110,10 @@ class ConnectionRefused(StacklibError, ConnectionRefusedError):
 
 class ConnectFailed(StacklibError, ConnectionError):
     """The handshake did not complete (the SYN retransmission limit, or the layer closed)."""
+
+
+#: The smallest integer that names an IPv4 address rather than a peer id (1.0.0.0).
+_FIRST_ADDRESS = 1 << 24
 
 
 def peer_id(address: str) -> int:
@@ -659,11 +668,17 @@ class TcpStack(StreamService):
         return self._listen(port, self.params.backlog if backlog is None else backlog)
 
     async def connect(self, peer: int) -> TcpStream:
-        """StreamService: connect to ``service_port`` at the address :func:`peer_address`
-        (``peer``)."""
+        """StreamService: connect to ``service_port`` of ``peer``: a peer id IP has an
+        address for (:meth:`IpService.neighbors`), or an address's integer (:func:`peer_id`)."""
         port = self.params.service_port
         if not port:
             raise LocalProtocolError("TCP: the StreamService view is off (service_port = 0)")
+        if isinstance(peer, int) and not isinstance(peer, bool) and 0 <= peer < _FIRST_ADDRESS:
+            for address, neighbor in self.ip.neighbors().items():
+                if neighbor == peer:
+                    return await self.connect_to(address, port)
+            known = sorted(set(self.ip.neighbors().values()))
+            raise LocalProtocolError(f"TCP: no peer {peer} (peers: {known})")
         try:
             address = peer_address(peer)
         except (ValueError, TypeError):
@@ -671,12 +686,15 @@ class TcpStack(StreamService):
         return await self.connect_to(address, port)
 
     async def accept(self) -> tuple[int, TcpStream]:
-        """StreamService: the next connection to ``service_port``, as (:func:`peer_id`, stream)."""
+        """StreamService: the next connection to ``service_port``, as (peer, stream): the peer
+        id IP has for the remote address, else the address's integer (:func:`peer_id`)."""
         listener = self._service_listener
         if listener is None:
             raise LocalProtocolError("TCP: the StreamService view is off (service_port = 0)")
         stream = await listener.accept()
-        return peer_id(stream.remote_address[0]), stream
+        address = stream.remote_address[0]
+        neighbor = self.ip.neighbors().get(address)
+        return (neighbor if neighbor is not None else peer_id(address)), stream
 
     def statistics(self) -> Mapping[str, object]:
         """Layer counters: segments in and out, opens, RSTs sent, connections refused, live

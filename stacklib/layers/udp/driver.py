@@ -24,6 +24,13 @@ in the caller's task (paper 000 §7.5: IP's send side "is collapsed into the tra
   ``rcvbuf_datagrams`` datagrams, as the application chose at bind; a datagram that does not
   fit is dropped and counted (``overflows``), as a kernel's socket buffer would, but the limit
   is the application's.
+* **Datagram face** (:class:`~stacklib.services.DatagramService`, for layers stacked on UDP:
+  ARQ, UAM, your own): ``send(peer, data)`` and ``recv()`` use one port, ``port`` (the same on
+  every node, bound at the face's first use); peer ``p`` is (the address
+  :meth:`~stacklib.layers.ip.service.IpService.neighbors` maps to ``p``, ``port``): over U-Net
+  the peers are the channel ids below IP, so the other nodes keep their ids up the stack.  A
+  datagram on that port from an address IP has no peer id for, or from another port, is
+  dropped and counted (``unknown_peer``).
 * **Costs** (only where the NI models the host, ``endpoint.ni.host_copy_per_byte > 0``): each
   datagram sent or received holds the host CPU for one copy of its data plus, when the
   checksum is computed, ``checksum_us_per_100_bytes`` (paper 000 §7.6: "1μs per 100 bytes on a
@@ -34,7 +41,7 @@ from __future__ import annotations
 
 import typing
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Literal
 
@@ -95,6 +102,9 @@ class UdpParams:
     rcvbuf_datagrams: int = attrs.field(default=1024, validator=_int_in(0, 1 << 30))
     #: Entries of the PCB cache.
     pcb_cache: int = attrs.field(default=16, validator=_int_in(0, 1 << 20))
+    #: Port of the datagram face (``send(peer, data)``/``recv()``), the same on every node;
+    #: bound when the face is first used.
+    port: int = attrs.field(default=7001, validator=_int_in(1, 0xFFFF))
     #: Host CPU for the checksum, on NIs that model the host.
     checksum_us_per_100_bytes: float = cited(
         1.0,
@@ -218,6 +228,7 @@ class UdpStack(UdpService):
         self._cpu: Resource | None = ip.modeled_cpu
         self._copy = ip.modeled_copy_per_byte
         self._sum = params.checksum_us_per_100_bytes * 1e-6 / 100
+        self._face_socket: UdpSocketImpl | None = None
 
     def __repr__(self) -> str:
         return f"<UDP over {self.ip!r}, {len(self._sockets)} ports>"
@@ -233,6 +244,15 @@ class UdpStack(UdpService):
         checksum: str | None = None,
     ) -> UdpSocketImpl:
         await trio.lowlevel.checkpoint()
+        return self._bind(port, rcvbuf_bytes, rcvbuf_datagrams, checksum)
+
+    def _bind(
+        self,
+        port: int,
+        rcvbuf_bytes: int | None = None,
+        rcvbuf_datagrams: int | None = None,
+        checksum: str | None = None,
+    ) -> UdpSocketImpl:
         if self._closed:
             raise trio.ClosedResourceError("the UDP layer is closed")
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 0xFFFF:
@@ -260,8 +280,53 @@ class UdpStack(UdpService):
 
     def statistics(self) -> Mapping[str, object]:
         """Counters: sent, received, delivered, overflows, PCB cache hits and misses, checksums,
-        and datagrams dropped by reason (short, length, checksum, no_port)."""
+        and datagrams dropped by reason (short, length, checksum, no_port, unknown_peer)."""
         return {**self._counts, "dropped": dict(sorted(self._dropped.items()))}
+
+    # ------------------------------------------------------------------ the datagram face
+
+    @property
+    def peers(self) -> Sequence[int]:
+        """The peer ids IP has addresses for (:meth:`IpService.neighbors`)."""
+        return sorted(set(self.ip.neighbors().values()))
+
+    @property
+    def max_message(self) -> int:
+        """The largest datagram every peer's MTU takes (IP never fragments on send)."""
+        overhead = IPV4_HEADER_SIZE + HEADER_SIZE
+        mtus = [self.ip.mtu(address) for address in self._addresses().values()]
+        return max(0, min(mtus, default=overhead) - overhead)
+
+    async def send(self, peer: int, data: bytes | bytearray | memoryview) -> None:
+        """Send ``data`` to the datagram face of ``peer`` (its address, :attr:`UdpParams.port`)."""
+        address = self._addresses().get(peer)
+        if address is None:
+            raise LocalProtocolError(f"UDP: no peer {peer!r} (peers: {list(self.peers)})")
+        await self._face().sendto(data, (address, self._params.port))
+
+    async def recv(self) -> tuple[int, bytes]:
+        """The next datagram to the face's port, as (peer, data)."""
+        sock = self._face()
+        port = self._params.port
+        while True:
+            data, (source, sport) = await sock.recvfrom()
+            peer = self.ip.neighbors().get(source)
+            if peer is not None and sport == port:
+                return peer, data
+            self._drop("unknown_peer")
+
+    def _face(self) -> UdpSocketImpl:
+        face = self._face_socket
+        if face is None:
+            face = self._face_socket = self._bind(self._params.port)
+        return face
+
+    def _addresses(self) -> dict[int, str]:
+        """Peer id -> address: the first address IP maps to each peer id."""
+        addresses: dict[int, str] = {}
+        for address, peer in self.ip.neighbors().items():
+            addresses.setdefault(peer, address)
+        return addresses
 
     # ------------------------------------------------------------------ send
 

@@ -7,9 +7,9 @@ from typing import TypeVar
 
 import trio
 
-from stacklib.layers.myrinet import MyrinetLibrary
 from stacklib.sim import Simulation
 from stacklib.transports.sim.lanai4 import Lanai4Cluster
+from stacklib.transports.sim.myrinet_libs import MyrinetLibrary
 
 T = TypeVar("T")
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import trio
 
-from stacklib.layers.myrinet import LIBRARIES
-from stacklib.layers.myrinet.transport import open_library
 from stacklib.transports.sim.lanai4 import Lanai4Cluster
+from stacklib.transports.sim.myrinet_libs import LIBRARIES
+from stacklib.transports.sim.myrinet_libs.transport import open_library
 from tests.layers.myrinet.conftest import simulate
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import trio
 
-from stacklib.layers.myrinet import Fm, FmParams, LibraryError
-from stacklib.layers.myrinet.fm import FmReceive
 from stacklib.transports.sim.lanai4 import Lanai4Cluster
+from stacklib.transports.sim.myrinet_libs import Fm, FmParams, LibraryError
+from stacklib.transports.sim.myrinet_libs.fm import FmReceive
 from tests.layers.myrinet.conftest import send_overheads, simulate
 
 

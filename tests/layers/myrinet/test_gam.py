@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import trio
 
-from stacklib.layers.myrinet import Gam, GamParams, LibraryError
-from stacklib.layers.myrinet.gam import Token
 from stacklib.transports.sim.lanai4 import Lanai4Cluster
+from stacklib.transports.sim.myrinet_libs import Gam, GamParams, LibraryError
+from stacklib.transports.sim.myrinet_libs.gam import Token
 from tests.layers.myrinet.conftest import simulate
 
 

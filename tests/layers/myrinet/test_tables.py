@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stacklib.layers.myrinet import LIBRARIES, Bip, Fm, Gam, Pm, Vmmc, table
+from stacklib.transports.sim.myrinet_libs import LIBRARIES, Bip, Fm, Gam, Pm, Vmmc, table
 
 ALL = list(LIBRARIES.values())
 

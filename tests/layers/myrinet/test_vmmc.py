@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import trio
 
-from stacklib.layers.myrinet import LibraryError, Vmmc, VmmcParams
 from stacklib.transports.sim.lanai4 import Lanai4Cluster
+from stacklib.transports.sim.myrinet_libs import LibraryError, Vmmc, VmmcParams
 from tests.layers.myrinet.conftest import simulate
 
 
