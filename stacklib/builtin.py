@@ -29,11 +29,11 @@ TRANSPORTS: dict[str, str] = {
     "sim-myrinet": "stacklib.transports.sim",
     "sim-atm-mm": "stacklib.transports.sim.mm",
     "sim-fe-mm": "stacklib.transports.sim.mm",
-    "sim-myrinet-am": "stacklib.layers.myrinet.transport",
-    "sim-myrinet-bip": "stacklib.layers.myrinet.transport",
-    "sim-myrinet-fm": "stacklib.layers.myrinet.transport",
-    "sim-myrinet-pm": "stacklib.layers.myrinet.transport",
-    "sim-myrinet-vmmc": "stacklib.layers.myrinet.transport",
+    "sim-myrinet-am": "stacklib.transports.sim.myrinet_libs.transport",
+    "sim-myrinet-bip": "stacklib.transports.sim.myrinet_libs.transport",
+    "sim-myrinet-fm": "stacklib.transports.sim.myrinet_libs.transport",
+    "sim-myrinet-pm": "stacklib.transports.sim.myrinet_libs.transport",
+    "sim-myrinet-vmmc": "stacklib.transports.sim.myrinet_libs.transport",
 }
 
 WORKLOADS: dict[str, str] = {

@@ -23,7 +23,7 @@ _TITLES = {
 
 
 def cmd_libraries(args: argparse.Namespace) -> int:
-    from stacklib.layers.myrinet import LIBRARIES, table
+    from stacklib.transports.sim.myrinet_libs import LIBRARIES, table
 
     if args.fig2:
         from stacklib.transports.sim.lanai4 import FIG2_CURVES, fig2
@@ -55,8 +55,8 @@ def cmd_libraries(args: argparse.Namespace) -> int:
     return 0
 
 
-#: The libraries' command-line names (``stacklib.layers.myrinet.LIBRARIES``, checked by the
-#: tests), spelled out so that ``stacklib --help`` need not import the libraries.
+#: The libraries' command-line names (``stacklib.transports.sim.myrinet_libs.LIBRARIES``,
+#: checked by the tests), spelled out so that ``stacklib --help`` need not import them.
 LIBRARY_NAMES = ("am", "bip", "fm", "pm", "vmmc")
 
 

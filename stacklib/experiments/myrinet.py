@@ -1,8 +1,8 @@
 """Paper 004 on the simulated LANai 4.1 platform: five libraries, LogP and three bandwidths.
 
-Every library (:mod:`stacklib.layers.myrinet`) runs as a datagram service on two simulated
-PPro 200 nodes (:mod:`stacklib.transports.sim.lanai4`) under the generic harness: LogP by the
-paper's method (:mod:`stacklib.bench.logp`, Figs 3-8; request-reply for AM) and the three
+Every library (:mod:`stacklib.transports.sim.myrinet_libs`) runs as a datagram service on two
+simulated PPro 200 nodes (:mod:`stacklib.transports.sim.lanai4`) under the generic harness: LogP
+by the paper's method (:mod:`stacklib.bench.logp`, Figs 3-8; request-reply for AM) and the three
 bandwidths (:mod:`stacklib.bench.bandwidth`, Figs 9-12).  BIP runs with the benchmarks'
 synchronization for messages of 256 bytes and more (paper 004 §4.1).  The figures checked are
 the numbers and knees the text states (§3, §4.1.1-4.1.5, §4.2, abstract); the figures' other

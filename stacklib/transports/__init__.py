@@ -5,8 +5,9 @@ in a given world (real time or a simulation).  The in-process memory transport s
 simulated NIs with cost models and real kernel-bypass transports register the same way.
 
 A transport whose nodes run a communication library in place of U-Net endpoints (the Myrinet
-libraries of paper 004, :mod:`stacklib.layers.myrinet.transport`) names the service it puts at
-the bottom of every stack (``bottom``) and makes those services itself (``open_nodes``).
+libraries of paper 004, :mod:`stacklib.transports.sim.myrinet_libs.transport`) names the service
+it puts at the bottom of every stack (``bottom``) and makes those services itself
+(``open_nodes``).
 """
 
 from __future__ import annotations

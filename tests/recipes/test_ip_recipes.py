@@ -124,7 +124,7 @@ def test_ip_udp_recipe_in_virtual_time_with_node_index() -> None:
 
 # --- layers on UDP's datagram face --------------------------------------------------------------
 
-REPO_RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+REPO_RECIPES = Path(__file__).resolve().parents[2] / "stacklib" / "recipes"
 
 
 @pytest.mark.parametrize(

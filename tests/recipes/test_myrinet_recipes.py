@@ -115,3 +115,9 @@ def test_bips_synchronous_sends_deadlock_the_all_to_all_and_the_run_says_so() ->
         run_recipe(parse_recipe(_splitc_over("bip", 4), "splitc-bip.toml"))
     two = run_recipe(parse_recipe(_splitc_over("bip", 2), "splitc-bip2.toml"))
     assert two.facts["verified"] == "yes"
+
+
+def test_the_command_offers_every_library() -> None:
+    from stacklib.commands.myrinet import LIBRARY_NAMES
+
+    assert LIBRARY_NAMES == tuple(sorted(LIBRARIES))

@@ -16,7 +16,7 @@ The transfer rates, set-up times and LANai cycle costs are those of the raw-U-Ne
 (:class:`stacklib.transports.sim.myrinet.LanaiParams`, with their citations and estimates), so
 both models describe one card.  This module adds what the five libraries of paper 004 need
 beyond that: host memory copies with the L2 cache's knee, the forward reset, and a platform
-object whose resources the libraries (:mod:`stacklib.layers.myrinet`) reserve.
+object whose resources the libraries (:mod:`stacklib.transports.sim.myrinet_libs`) reserve.
 
 Resources per node (a :class:`~stacklib.sim.Host`): ``cpu`` (the Pentium Pro), ``lanai`` (the
 LANai processor), ``pci`` (the SRAM<->host DMA engine and the PCI bus it masters), ``net-tx`` and

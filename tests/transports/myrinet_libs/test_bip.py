@@ -7,7 +7,7 @@ import trio
 
 from stacklib.transports.sim.lanai4 import Lanai4Cluster
 from stacklib.transports.sim.myrinet_libs import Bip, BipParams, LibraryError
-from tests.layers.myrinet.conftest import simulate
+from tests.transports.myrinet_libs.conftest import simulate
 
 
 def test_a_posted_receive_gets_a_large_message() -> None:

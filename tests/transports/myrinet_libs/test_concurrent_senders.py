@@ -10,7 +10,7 @@ import trio
 from stacklib.transports.sim.lanai4 import Lanai4Cluster
 from stacklib.transports.sim.myrinet_libs import LIBRARIES
 from stacklib.transports.sim.myrinet_libs.transport import open_library
-from tests.layers.myrinet.conftest import simulate
+from tests.transports.myrinet_libs.conftest import simulate
 
 
 @pytest.mark.parametrize("name", sorted(LIBRARIES))

@@ -7,7 +7,7 @@ import trio
 from stacklib.transports.sim.lanai4 import Lanai4Cluster
 from stacklib.transports.sim.myrinet_libs import Gam, GamParams, LibraryError
 from stacklib.transports.sim.myrinet_libs.gam import Token
-from tests.layers.myrinet.conftest import simulate
+from tests.transports.myrinet_libs.conftest import simulate
 
 
 def test_a_request_handler_replies_and_the_reply_handler_runs_at_the_requester() -> None:

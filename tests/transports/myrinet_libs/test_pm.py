@@ -7,7 +7,7 @@ import trio
 
 from stacklib.transports.sim.lanai4 import Lanai4Cluster
 from stacklib.transports.sim.myrinet_libs import LibraryError, Pm, PmDaemon
-from tests.layers.myrinet.conftest import send_overheads, simulate
+from tests.transports.myrinet_libs.conftest import send_overheads, simulate
 
 
 def test_only_the_scheduled_job_may_use_the_ni() -> None:

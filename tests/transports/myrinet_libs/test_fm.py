@@ -8,7 +8,7 @@ import trio
 from stacklib.transports.sim.lanai4 import Lanai4Cluster
 from stacklib.transports.sim.myrinet_libs import Fm, FmParams, LibraryError
 from stacklib.transports.sim.myrinet_libs.fm import FmReceive
-from tests.layers.myrinet.conftest import send_overheads, simulate
+from tests.transports.myrinet_libs.conftest import send_overheads, simulate
 
 
 def test_a_message_gathered_from_pieces_arrives_whole() -> None:

@@ -18,9 +18,9 @@ from stacklib.services import ActiveMessageService
 from stacklib.stack import open_stack
 from stacklib.transports.sim.lanai4 import Lanai4Cluster
 from stacklib.transports.sim.myrinet_libs import Gam, GamActiveMessages, GamParams
-from tests.layers.myrinet.conftest import simulate
+from tests.transports.myrinet_libs.conftest import simulate
 
-REPO_RECIPES = Path(__file__).resolve().parents[3] / "recipes"
+REPO_RECIPES = Path(__file__).resolve().parents[3] / "stacklib" / "recipes"
 
 
 def _pair(cluster: Lanai4Cluster, params: GamParams | None = None) -> list[GamActiveMessages]:

@@ -7,7 +7,7 @@ import trio
 
 from stacklib.transports.sim.lanai4 import Lanai4Cluster
 from stacklib.transports.sim.myrinet_libs import LibraryError, Vmmc, VmmcParams
-from tests.layers.myrinet.conftest import simulate
+from tests.transports.myrinet_libs.conftest import simulate
 
 
 def test_a_deposit_lands_in_the_exported_buffer_without_a_receive_call() -> None:

@@ -1,7 +1,0 @@
-"""Moved to :mod:`stacklib.transports.sim.myrinet_libs.fm` (the libraries are communication
-libraries on the simulated LANai, below any layer); this name stays for old imports."""
-
-from __future__ import annotations
-
-from stacklib.transports.sim.myrinet_libs.fm import *  # noqa: F403
-from stacklib.transports.sim.myrinet_libs.fm import __all__ as __all__
