@@ -4,7 +4,9 @@ two-node helper."""
 
 from __future__ import annotations
 
+import re
 from collections import deque
+from pathlib import Path
 
 import pytest
 import trio
@@ -328,3 +330,24 @@ def test_a_format_without_its_conformance_fields_is_refused() -> None:
         check_format(toy(strategy=None, error=None))
     with pytest.raises(ValueError, match="unknown wire format 'nope'"):
         check_format("nope")
+
+
+# --- docs/testing.md stays true ---------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+GUIDE = REPO / "docs" / "testing.md"
+
+
+def test_the_guide_examples_run_and_its_excerpts_are_in_the_tests(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    text = GUIDE.read_text()
+    examples = re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
+    assert len(examples) == 2
+    for example in examples:
+        exec(compile(example, str(GUIDE), "exec"), {"__name__": "__main__"})
+    assert "ms:" in capsys.readouterr().out
+    sources = (REPO / "tests" / "wire" / "test_conformance.py").read_text()
+    for excerpt in re.findall(r"```py\n(.*?)```", text, flags=re.DOTALL):
+        for line in excerpt.splitlines():
+            assert line.strip() in sources, line
