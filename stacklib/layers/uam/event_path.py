@@ -39,6 +39,7 @@ class EventPath(ExecutionPath):
     """The event path of ``service`` over ``endpoint`` of a simulated NI in ``world``."""
 
     name = "event"
+    filters_wakes = True
 
     def __init__(self, service: UamService, endpoint: Endpoint, world: Simulation) -> None:
         super().__init__(service)

@@ -82,6 +82,8 @@ class ExecutionPath:
 
     #: "event", "task" or "lean".
     name = "base"
+    #: Whether :meth:`worth_waking` can say no (else the service does not ask).
+    filters_wakes = False
 
     def __init__(self, service: UamService) -> None:
         self.service = service

@@ -117,6 +117,7 @@ class UamService(ActiveMessageService):
         self._costs = host_costs(below.capability(Endpoint), params.proto_us, params.bulk_us)
         self._path: ExecutionPath = choose_path(self, below, self.event_path)
         self._spin = self._path.spin
+        self._filter_wakes = self._path.filters_wakes
 
     def __repr__(self) -> str:
         return f"<UamService over {self._below!r}, {len(self._machines)} peers>"
@@ -574,7 +575,7 @@ class UamService(ActiveMessageService):
     def _wake(self) -> None:
         """Wake the tasks parked in :meth:`_wait_until` (each looks again at what it waits
         for), unless the path knows nothing they wait for can have changed."""
-        if self._waiting and self._path.worth_waking():
+        if self._waiting and (not self._filter_wakes or self._path.worth_waking()):
             sleeping = self._sleeping
             while sleeping:
                 trio.lowlevel.reschedule(sleeping.popleft())
