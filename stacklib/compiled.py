@@ -77,7 +77,11 @@ HOT_MODULES: tuple[str, ...] = (
     "transports/sim/atm.py",
     "transports/sim/ethernet.py",
     "layers/uam/machine.py",
-    "layers/uam/driver.py",
+    "layers/uam/paths.py",
+    "layers/uam/service.py",
+    "layers/uam/event_path.py",
+    "layers/uam/lean_path.py",
+    "layers/uam/task_path.py",
     "layers/splitc/wire.py",
     "layers/splitc/runtime.py",
 )

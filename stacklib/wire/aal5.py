@@ -57,6 +57,7 @@ __all__ = [
     "Aal5ErrorKind",
     "Aal5FormatError",
     "Aal5Pdu",
+    "build",
     "build_pdu",
     "cells_needed",
     "crc32_bzip2",
@@ -223,9 +224,17 @@ def pdus(max_payload: int = 200) -> SearchStrategy[Aal5Pdu]:
     return st.builds(Aal5Pdu, st.binary(max_size=max_payload), byte, byte)
 
 
+def build(pdu: Aal5Pdu) -> bytes:
+    """:func:`build_pdu` of a parsed value: ``parse_pdu(build(p)) == p``."""
+    return build_pdu(pdu.payload, pdu.uu, pdu.cpi)
+
+
 register(
     "aal5-pdu",
     parse_pdu,
     describe_pdu,
     "AAL5 CPCS-PDU (I.363.5): payload, padding, 8-byte trailer with CRC-32",
+    build=build,
+    strategy=pdus,
+    error=Aal5FormatError,
 )

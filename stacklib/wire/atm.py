@@ -196,4 +196,12 @@ def cells(vpi: int | None = None, vci: int | None = None) -> SearchStrategy[Cell
     )
 
 
-register("atm-cell", parse, describe, "ATM cell, UNI format (I.361): 5-byte header + 48 bytes")
+register(
+    "atm-cell",
+    parse,
+    describe,
+    "ATM cell, UNI format (I.361): 5-byte header + 48 bytes",
+    build=build,
+    strategy=cells,
+    error=AtmFormatError,
+)

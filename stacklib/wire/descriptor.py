@@ -588,26 +588,6 @@ def describe_free(f: Fragment) -> list[registry.Field]:
     return [("offset", f.offset), ("length", f.length)]
 
 
-registry.register(
-    "unet-send-desc",
-    parse_send_reference,
-    describe_send,
-    "U-Net send queue descriptor (paper 000 §3.4)",
-)
-registry.register(
-    "unet-recv-desc",
-    parse_recv_reference,
-    describe_recv,
-    "U-Net receive queue descriptor (paper 000 §3.4)",
-)
-registry.register(
-    "unet-free-desc",
-    parse_free_reference,
-    describe_free,
-    "U-Net free queue descriptor: one receive buffer (paper 000 §3.4)",
-)
-
-
 # --- hypothesis strategies (hypothesis is a test-only dependency: imported lazily) -------------
 
 
@@ -693,3 +673,33 @@ def free_descriptors() -> SearchStrategy[Fragment]:
         Fragment, st.integers(0, 0xFFFFFFFF), st.integers(0, 0xFFFFFFFF)
     )
     return result
+
+
+registry.register(
+    "unet-send-desc",
+    parse_send_reference,
+    describe_send,
+    "U-Net send queue descriptor (paper 000 §3.4)",
+    build=build_send,
+    strategy=send_descriptors,
+    error=DescriptorFormatError,
+    equal=lambda a, b: attrs.astuple(a, recurse=False) == attrs.astuple(b, recurse=False),
+)
+registry.register(
+    "unet-recv-desc",
+    parse_recv_reference,
+    describe_recv,
+    "U-Net receive queue descriptor (paper 000 §3.4)",
+    build=build_recv,
+    strategy=recv_descriptors,
+    error=DescriptorFormatError,
+)
+registry.register(
+    "unet-free-desc",
+    parse_free_reference,
+    describe_free,
+    "U-Net free queue descriptor: one receive buffer (paper 000 §3.4)",
+    build=build_free,
+    strategy=free_descriptors,
+    error=DescriptorFormatError,
+)

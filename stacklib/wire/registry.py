@@ -1,14 +1,23 @@
-"""Wire formats by name, for ``stacklib decode FORMAT HEX`` (STYLE.md, habit 10).
+"""Wire formats by name, for ``stacklib decode FORMAT HEX`` and the format conformance suite.
 
 A format module registers itself at import::
 
-    registry.register("unet-eth", parse, describe, "Ethernet frame with a U-Net/FE header")
+    registry.register(
+        "unet-eth", parse, describe, "Ethernet frame with a U-Net/FE header",
+        build=build, strategy=frames, error=UNetEthFormatError,
+    )
 
 ``parse(data: bytes)`` returns the typed value or raises the format's
 :class:`~stacklib.errors.FormatError`; ``describe(value)`` returns :data:`Field` pairs
 ``(label, value)``.  :func:`decode` renders them as indented ``label: value`` lines: enums by
 name, ``None`` as ``none``, bytes as a length and a hex preview, a ``list`` of pairs as a nested
 block, anything else with ``str`` (so a describer formats MAC addresses and the like itself).
+
+The keyword fields serve :func:`stacklib.testing.check_format`: ``build(value)`` returns the
+bytes that ``parse`` turns back into an equal value, ``strategy()`` a hypothesis strategy of
+values (hypothesis stays a test-only dependency: the function imports it when called), and
+``error`` the one :class:`~stacklib.errors.FormatError` subclass ``parse`` may raise;
+``equal(a, b)`` compares values where ``==`` does not (a class that compares by identity).
 
 This module imports no format module at import time (they import it).  The first call of
 :func:`formats` or :func:`decode` imports :data:`BUILTIN_MODULES`, skipping those that do not
@@ -23,6 +32,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
+
+from stacklib.errors import FormatError
 
 __all__ = [
     "BUILTIN_MODULES",
@@ -53,12 +64,24 @@ PREVIEW_BYTES = 32  #: bytes shown in hex by :func:`hex_preview`
 
 @attrs.frozen
 class FormatInfo:
-    """A registered format: its name, parser, describer and a one-line summary."""
+    """A registered format: its name, parser, describer and a one-line summary; for the
+    conformance suite, its builder, the function making its hypothesis strategy, its
+    :class:`~stacklib.errors.FormatError` subclass (None where the format has none) and, for
+    values that do not compare with ``==``, how to compare them."""
 
     name: str
     parse: Callable[[bytes], Any]
     describe: Callable[[Any], Iterable[Field]]
     summary: str
+    build: Callable[[Any], bytes] | None = None
+    strategy: Callable[[], Any] | None = None
+    error: type[FormatError] | None = None
+    equal: Callable[[Any, Any], bool] | None = None
+
+    @property
+    def conformance_ready(self) -> bool:
+        """Whether :func:`stacklib.testing.check_format` can check it (all three given)."""
+        return self.build is not None and self.strategy is not None and self.error is not None
 
 
 def hex_preview(data: bytes | bytearray | memoryview, limit: int = PREVIEW_BYTES) -> str:
@@ -107,11 +130,17 @@ class Registry:
         summary: str,
         *,
         replace: bool = False,
+        build: Callable[[Any], bytes] | None = None,
+        strategy: Callable[[], Any] | None = None,
+        error: type[FormatError] | None = None,
+        equal: Callable[[Any, Any], bool] | None = None,
     ) -> FormatInfo:
         """Add a format; a name already taken raises ValueError unless ``replace``."""
         if name in self._formats and not replace:
             raise ValueError(f"wire format {name!r} is already registered")
-        info = FormatInfo(name, parse, describe, summary)
+        if error is not None and not (isinstance(error, type) and issubclass(error, FormatError)):
+            raise ValueError(f"wire format {name!r}: error must be a FormatError subclass")
+        info = FormatInfo(name, parse, describe, summary, build, strategy, error, equal)
         self._formats[name] = info
         return info
 
@@ -169,9 +198,23 @@ def register(
     summary: str,
     *,
     replace: bool = False,
+    build: Callable[[Any], bytes] | None = None,
+    strategy: Callable[[], Any] | None = None,
+    error: type[FormatError] | None = None,
+    equal: Callable[[Any, Any], bool] | None = None,
 ) -> FormatInfo:
     """Register a format in the shared registry (format modules call this at import)."""
-    return _DEFAULT.register(name, parse, describe, summary, replace=replace)
+    return _DEFAULT.register(
+        name,
+        parse,
+        describe,
+        summary,
+        replace=replace,
+        build=build,
+        strategy=strategy,
+        error=error,
+        equal=equal,
+    )
 
 
 def formats() -> dict[str, FormatInfo]:

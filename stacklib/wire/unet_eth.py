@@ -264,14 +264,6 @@ def describe(frame: UNetFrame) -> list[registry.Field]:
     ]
 
 
-registry.register(
-    "unet-eth",
-    parse_reference,
-    describe,
-    "Ethernet frame with the U-Net/FE header, no FCS (paper 001 §3.2)",
-)
-
-
 # --- hypothesis strategy (hypothesis is a test-only dependency: imported lazily) ---------------
 
 
@@ -288,3 +280,14 @@ def frames(*, max_payload: int = MAX_MESSAGE) -> SearchStrategy[UNetFrame]:
         payload=st.binary(max_size=min(max_payload, MAX_MESSAGE)),
     )
     return result
+
+
+registry.register(
+    "unet-eth",
+    parse_reference,
+    describe,
+    "Ethernet frame with the U-Net/FE header, no FCS (paper 001 §3.2)",
+    build=build,
+    strategy=frames,
+    error=UNetEthFormatError,
+)

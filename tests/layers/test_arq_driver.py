@@ -3,9 +3,8 @@ virtual time, peer failure at the computed instant, flow control, assembly and r
 
 from __future__ import annotations
 
-import random
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import attrs
@@ -20,6 +19,7 @@ from stacklib.layers.arq.wire import HEADER_SIZE
 from stacklib.services import DatagramService, ReliableService, StreamService, UNetService
 from stacklib.sim import Simulation
 from stacklib.stack import LAYERS, check_fit, layer_class, open_stack
+from stacklib.testing import Faults, FaultyService
 from stacklib.transports.memory import MemoryNetwork
 from stacklib.unet import Endpoint, connect
 
@@ -42,57 +42,11 @@ def make_pair(network: MemoryNetwork) -> Pair:
     return Pair(ep_a, ep_b, ch_a, ch_b)
 
 
-class Lossy(DatagramService):
-    """Wraps a datagram service; its sends are dropped, duplicated or held back, by a seeded
-    generator.  A held-back datagram goes out after the next one to the same peer (reordered).
-    """
-
-    def __init__(
-        self,
-        below: DatagramService,
-        rng: random.Random,
-        *,
-        drop: float = 0.2,
-        duplicate: float = 0.05,
-        reorder: float = 0.05,
-    ) -> None:
-        self.below = below
-        self.rng = rng
-        self.drop, self.duplicate, self.reorder = drop, duplicate, reorder
-        self.held: dict[int, bytes] = {}
-        self.counts = {"dropped": 0, "duplicated": 0, "reordered": 0, "sent": 0}
-
-    @property
-    def peers(self) -> Sequence[int]:
-        return self.below.peers
-
-    @property
-    def max_message(self) -> int:
-        return self.below.max_message
-
-    async def send(self, peer: int, data: bytes | bytearray | memoryview) -> None:
-        roll = self.rng.random()
-        out: list[bytes] = []
-        if roll < self.drop:
-            self.counts["dropped"] += 1
-        elif roll < self.drop + self.duplicate:
-            self.counts["duplicated"] += 1
-            out += [bytes(data), bytes(data)]
-        elif roll < self.drop + self.duplicate + self.reorder and peer not in self.held:
-            self.counts["reordered"] += 1
-            self.held[peer] = bytes(data)
-        else:
-            out.append(bytes(data))
-        if out and peer in self.held:
-            out.append(self.held.pop(peer))
-        for datagram in out:
-            self.counts["sent"] += 1
-            await self.below.send(peer, datagram)
-        if not out:
-            await trio.lowlevel.checkpoint()
-
-    async def recv(self) -> tuple[int, bytes]:
-        return await self.below.recv()
+def make_lossy(endpoint: Endpoint, seed: int) -> FaultyService:
+    """U-Net whose sends are dropped (20%), duplicated or held back until the next one to the
+    same peer has gone (5% each), by a generator seeded with ``seed``."""
+    faults = Faults(drop=0.2, duplicate=0.05, reorder=0.05, seed=seed)
+    return FaultyService(UNetService(endpoint), faults)
 
 
 async def exchange(
@@ -190,8 +144,7 @@ def test_500_messages_each_way_exactly_once_in_order_over_a_lossy_network() -> N
 
     async def main() -> None:
         pair = make_pair(MemoryNetwork(sim, latency=20e-6))
-        lossy_a = Lossy(UNetService(pair.ep_a), random.Random(11))
-        lossy_b = Lossy(UNetService(pair.ep_b), random.Random(12))
+        lossy_a, lossy_b = make_lossy(pair.ep_a, 11), make_lossy(pair.ep_b, 12)
         layer = ArqLayer(ArqParams(rto_us=200.0, max_retries=12))
         async with layer.open(lossy_a) as a, layer.open(lossy_b) as b:
             got_b, got_a = await exchange(a, b, pair.ch_a, pair.ch_b, 500)
@@ -202,7 +155,7 @@ def test_500_messages_each_way_exactly_once_in_order_over_a_lossy_network() -> N
                 got_a=got_a,
                 a=a.peer_statistics(pair.ch_a),
                 b=b.peer_statistics(pair.ch_b),
-                lossy=(lossy_a.counts, lossy_b.counts),
+                lossy=(lossy_a.faults.counts, lossy_b.faults.counts),
                 elapsed=trio.current_time(),
             )
 
@@ -219,7 +172,7 @@ def test_500_messages_each_way_exactly_once_in_order_over_a_lossy_network() -> N
     lossy = result["lossy"]
     assert isinstance(lossy, tuple)
     for counts in lossy:
-        assert min(counts["dropped"], counts["duplicated"], counts["reordered"]) > 0
+        assert min(counts["drop"], counts["duplicate"], counts["reorder"]) > 0
 
 
 def test_lossy_run_is_deterministic() -> None:
@@ -230,8 +183,7 @@ def test_lossy_run_is_deterministic() -> None:
         async def main() -> None:
             pair = make_pair(MemoryNetwork(sim, latency=20e-6))
             layer = ArqLayer(ArqParams(rto_us=200.0, max_retries=12))
-            lossy_a = Lossy(UNetService(pair.ep_a), random.Random(5))
-            lossy_b = Lossy(UNetService(pair.ep_b), random.Random(6))
+            lossy_a, lossy_b = make_lossy(pair.ep_a, 5), make_lossy(pair.ep_b, 6)
             async with layer.open(lossy_a) as a, layer.open(lossy_b) as b:
                 await exchange(a, b, pair.ch_a, pair.ch_b, 100)
                 await a.drain(pair.ch_a)
@@ -432,6 +384,9 @@ SOURCES = "\n".join(
     path.read_text()
     for path in [
         *(REPO / "stacklib" / "layers" / "arq").glob("*.py"),
+        REPO / "stacklib" / "sansio.py",
+        REPO / "stacklib" / "driver.py",
+        *(REPO / "stacklib" / "testing").glob("*.py"),
         *(REPO / "tests" / "layers").glob("test_arq_*.py"),
     ]
 )

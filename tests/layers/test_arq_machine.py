@@ -3,10 +3,8 @@ corruption, backoff, sequence wrap and peer failure."""
 
 from __future__ import annotations
 
-import heapq
 import random
 
-import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,6 +19,8 @@ from stacklib.layers.arq.machine import (
     PeerFailed,
 )
 from stacklib.layers.arq.wire import Pdu, PduType, build, parse
+from stacklib.sansio import Machine
+from stacklib.testing import SIDES, Link, Sent
 
 RTO = 1.0  # seconds; round numbers make the deadlines easy to check
 DELAY = 0.01  # one-way network delay of the scripted link
@@ -46,101 +46,42 @@ def events(machine: ArqMachine) -> list[Event]:
     return out
 
 
-# --- a scripted link between two machines --------------------------------------------------------
+# --- two machines over stacklib.testing's scripted link ------------------------------------------
 
 
-@attrs.frozen
-class Sent:
-    """One datagram put on the link: when, by whom, what (parsed), and what befell it."""
-
-    time: float
-    source: str
-    pdu: Pdu
-    fault: str | None
-
-
-@attrs.define
-class Link:
-    """Machines ``a`` and ``b`` joined by a link with a fixed delay and scripted faults.
+class ArqLink(Link[ArqMachine]):
+    """The shared test link in ARQ's words: send a message, what was delivered, who failed.
 
     Datagrams are numbered 1, 2, 3, ... in the order they are put on the link (both directions
-    together).  ``faults`` maps a number to what happens to that datagram: ``"drop"``,
-    ``"dup"`` (arrives twice), ``"corrupt"`` (arrives with an unknown type byte),
-    ``"late:X"`` (arrives X seconds later than it should: a reordering).
+    together); the faults of a script apply by number ("drop", "dup", "corrupt": the type byte
+    inverted, "late:X": X seconds late, so later datagrams overtake it).
     """
 
-    a: ArqMachine
-    b: ArqMachine
-    faults: dict[int, str] = attrs.Factory(dict)
-    drop_all_from: str | None = None  # "a" or "b": that side's datagrams are all lost
-    now: float = 0.0
-    sent: list[Sent] = attrs.Factory(list)
-    delivered: dict[str, list[bytes]] = attrs.Factory(lambda: {"a": [], "b": []})
-    failed: dict[str, tuple[float, PeerFailed]] = attrs.Factory(dict)
-    _flight: list[tuple[float, int, str, bytes]] = attrs.Factory(list)
-    _order: int = 0
-
-    def machine(self, side: str) -> ArqMachine:
-        return self.a if side == "a" else self.b
-
     def send(self, side: str, payload: bytes) -> None:
-        self.machine(side).send(payload, self.now)
-        self._collect()
+        self.input(side, lambda machine, now: machine.send(payload, now))
 
-    def run(self, until: float) -> None:
-        """Process arrivals and timers in time order up to ``until`` (arrivals first on ties)."""
-        self._collect()
-        while True:
-            arrival = self._flight[0][0] if self._flight else None
-            timers = [
-                (t, side)
-                for side in ("a", "b")
-                if (t := self.machine(side).get_timer()) is not None
-            ]
-            timer = min(timers) if timers else None
-            if arrival is not None and (timer is None or arrival <= timer[0]):
-                if arrival > until:
-                    break
-                self.now, _, destination, datagram = heapq.heappop(self._flight)
-                self.machine(destination).receive(datagram, self.now)
-            elif timer is not None and timer[0] <= until:
-                self.now = timer[0]
-                self.machine(timer[1]).handle_timer(self.now)
-            else:
-                break
-            self._collect()
-        self.now = until
+    @property
+    def delivered(self) -> dict[str, list[bytes]]:
+        return {
+            side: [e.data for _, e in self.events[side] if isinstance(e, Delivered)]
+            for side in SIDES
+        }
 
-    def _collect(self) -> None:
-        for side, other in (("a", "b"), ("b", "a")):
-            machine = self.machine(side)
-            for datagram in machine.datagrams_to_send(self.now):
-                fault = self.faults.get(len(self.sent) + 1)
-                if self.drop_all_from == side:
-                    fault = "drop"
-                self.sent.append(Sent(self.now, side, parse(datagram), fault))
-                self._put(other, datagram, fault)
-            for event in events(machine):
-                if isinstance(event, Delivered):
-                    self.delivered[side].append(event.data)
-                else:
-                    self.failed[side] = (self.now, event)
-
-    def _put(self, destination: str, datagram: bytes, fault: str | None) -> None:
-        arrival = self.now + DELAY
-        if fault == "drop":
-            return
-        if fault == "corrupt":
-            datagram = b"\x07" + datagram[1:]
-        if fault is not None and fault.startswith("late:"):
-            arrival += float(fault.removeprefix("late:"))
-        copies = 2 if fault == "dup" else 1
-        for _ in range(copies):
-            self._order += 1
-            heapq.heappush(self._flight, (arrival, self._order, destination, datagram))
+    @property
+    def failed(self) -> dict[str, tuple[float, PeerFailed]]:
+        return {
+            side: (when, e)
+            for side in SIDES
+            for when, e in self.events[side]
+            if isinstance(e, PeerFailed)
+        }
 
     def transmissions(self, source: str, kind: PduType) -> list[Sent]:
-        return [s for s in self.sent if s.source == source and s.pdu.type is kind]
+        return [s for s in self.from_side(source) if pdu(s).type is kind]
+
+
+def pdu(sent: Sent) -> Pdu:
+    return parse(sent.datagram)
 
 
 def make_link(
@@ -150,13 +91,13 @@ def make_link(
     initial_seq: int = 0,
     faults: dict[int, str] | None = None,
     drop_all_from: str | None = None,
-) -> Link:
+) -> ArqLink:
     def machine() -> ArqMachine:
         return ArqMachine(
             rto=RTO, max_retries=max_retries, max_queue=max_queue, initial_seq=initial_seq
         )
 
-    return Link(machine(), machine(), faults=faults or {}, drop_all_from=drop_all_from)
+    return ArqLink(machine(), machine(), delay=DELAY, faults=faults, silent=drop_all_from)
 
 
 def messages(n: int, tag: bytes = b"m") -> list[bytes]:
@@ -374,8 +315,8 @@ def test_drop_the_third_datagram() -> None:
         link.send("a", m)
     link.run(until=10.0)
     assert link.delivered["b"] == messages(5)
-    assert link.sent[2].pdu == Pdu.data(1, b"m1")
-    data1 = [s for s in link.transmissions("a", PduType.DATA) if s.pdu.seq == 1]
+    assert pdu(link.sent[2]) == Pdu.data(1, b"m1")
+    data1 = [s for s in link.transmissions("a", PduType.DATA) if pdu(s).seq == 1]
     # First sent when ACK0 arrived (2 delays), retransmitted one rto later.
     assert [s.time for s in data1] == pytest.approx([2 * DELAY, 2 * DELAY + RTO])
     stats = link.a.statistics()
@@ -391,7 +332,7 @@ def test_drop_an_ack_makes_a_duplicate_that_is_reacked_not_redelivered() -> None
     assert link.delivered["b"] == messages(5)
     assert link.a.statistics().retransmitted == 1
     assert link.b.statistics().duplicates == 1
-    assert [s.pdu.seq for s in link.transmissions("b", PduType.ACK)] == [0, 1, 1, 2, 3, 4]
+    assert [pdu(s).seq for s in link.transmissions("b", PduType.ACK)] == [0, 1, 1, 2, 3, 4]
 
 
 def test_duplicate_the_fifth_datagram() -> None:
@@ -445,7 +386,7 @@ def test_sequence_numbers_wrap() -> None:
         link.send("a", m)
     link.run(until=10.0)
     assert link.delivered["b"] == messages(6)
-    seqs = [s.pdu.seq for s in link.transmissions("a", PduType.DATA)]
+    seqs = [pdu(s).seq for s in link.transmissions("a", PduType.DATA)]
     assert seqs == [0xFFFD, 0xFFFE, 0xFFFF, 0, 0, 1, 2]  # seq 0 retransmitted
     assert link.b.statistics().duplicates == 1  # 0 re-ACKed across the wrap
 
@@ -531,3 +472,8 @@ def test_random_loss_and_duplication_at_scale() -> None:
     link.run(until=1e7)
     assert link.delivered == {"b": messages(300, b"a"), "a": messages(300, b"b")}
     assert link.a.statistics().retransmitted > 0
+
+
+def test_the_machine_keeps_the_sans_io_contract() -> None:
+    machine: Machine[Event] = ArqMachine()  # mypy checks the five signatures here
+    assert isinstance(machine, Machine)

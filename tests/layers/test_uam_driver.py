@@ -23,11 +23,12 @@ from stacklib.errors import (
     RemoteProtocolError,
 )
 from stacklib.experiments import uam as experiments
-from stacklib.layers.uam import UamLayer, UamParams, UamService
+from stacklib.layers.uam import LeanPath, UamLayer, UamParams, UamService
 from stacklib.recipes import load_recipe, parse_recipe, run_recipe
 from stacklib.services import DatagramService, ReliableService, StreamService, UNetService
 from stacklib.sim import Simulation
 from stacklib.stack import layer_class, open_stack
+from stacklib.testing import Faults, FaultyService
 from stacklib.transports.memory import MemoryNetwork
 from stacklib.transports.shm import ShmAddress, ShmNetwork
 from stacklib.unet import Endpoint, EndpointConfig, connect
@@ -52,35 +53,12 @@ def make_pair(network: MemoryNetwork) -> Pair:
     return Pair(ep_a, ep_b, ch_a, ch_b)
 
 
-class Lossy(UNetService):
-    """U-Net whose sends are dropped, duplicated or held back (reordered) by a seeded rng."""
-
-    def __init__(self, endpoint: Endpoint, rng: random.Random, drop: float = 0.2) -> None:
-        super().__init__(endpoint)
-        self.rng = rng
-        self.drop = drop
-        self.held: bytes | None = None
-        self.counts = {"dropped": 0, "duplicated": 0, "reordered": 0}
-
-    async def send(self, peer: int, data: bytes | bytearray | memoryview) -> None:
-        roll = self.rng.random()
-        out: list[bytes] = []
-        if roll < self.drop:
-            self.counts["dropped"] += 1
-        elif roll < self.drop + 0.05:
-            self.counts["duplicated"] += 1
-            out += [bytes(data), bytes(data)]
-        elif roll < self.drop + 0.1 and self.held is None:
-            self.counts["reordered"] += 1
-            self.held = bytes(data)
-        else:
-            out.append(bytes(data))
-        if out and self.held is not None:
-            out.append(self.held)
-            self.held = None
-        for datagram in out:
-            await super().send(peer, datagram)
-        await trio.lowlevel.checkpoint()
+def make_lossy(endpoint: Endpoint, seed: int) -> FaultyService:
+    """U-Net whose sends are dropped (20%), duplicated or held back until the next one to the
+    same peer has gone (5% each), by a generator seeded with ``seed``.  It lends no endpoint,
+    so UAM runs over it on the task path."""
+    faults = Faults(drop=0.2, duplicate=0.05, reorder=0.05, seed=seed)
+    return FaultyService(UNetService(endpoint), faults)
 
 
 def run_virtual(sim: Simulation, main: Callable[[], Awaitable[None]]) -> None:
@@ -273,8 +251,7 @@ def test_exactly_once_in_order_over_a_lossy_network() -> None:
     async def main() -> None:
         pair = make_pair(MemoryNetwork(sim, latency=20e-6))
         layer = UamLayer(UamParams(rto_us=300.0, max_retries=30, ack_delay_us=50.0))
-        lossy_a = Lossy(pair.ep_a, random.Random(11))
-        lossy_b = Lossy(pair.ep_b, random.Random(12))
+        lossy_a, lossy_b = make_lossy(pair.ep_a, 11), make_lossy(pair.ep_b, 12)
         async with layer.open(lossy_a) as a, layer.open(lossy_b) as b:
             got: list[tuple[int, ...]] = []
             echo_tables(a, b, got)
@@ -299,7 +276,8 @@ def test_exactly_once_in_order_over_a_lossy_network() -> None:
                 block=block,
                 stats_a=a.peer_statistics(pair.ch_a),
                 stats_b=b.peer_statistics(pair.ch_b),
-                faults=lossy_a.counts,
+                faults=dict(lossy_a.faults.counts),
+                path=a.path.name,
                 end=trio.current_time(),
             )
 
@@ -309,6 +287,8 @@ def test_exactly_once_in_order_over_a_lossy_network() -> None:
     stats_a, stats_b = result["stats_a"], result["stats_b"]
     faults = result["faults"]
     assert isinstance(faults, dict) and min(faults.values()) > 0
+    assert set(faults) == {"drop", "duplicate", "reorder"}
+    assert result["path"] == "task"
     assert stats_a.retransmitted > 0  # type: ignore[attr-defined]
     assert stats_b.duplicates > 0  # type: ignore[attr-defined]
 
@@ -384,14 +364,14 @@ def test_costs_are_charged_only_where_the_ni_models_them() -> None:
         b.register_region(bytearray(10000))
         await a.store(to_b, bytes(8000), (0, 0), 0)
         await a.drain()
-        cpu = a._below.endpoint.ni.host.resource("cpu")  # type: ignore[attr-defined]
-        return float(cpu.busy_time)
+        assert a.host_costs is not None
+        return float(a.host_costs.cpu.busy_time)
 
     busy = float(experiments.run_pair(body))  # type: ignore[arg-type]
     # Two chunks copied in (two copies of ~4 KB at 53 MB/s) plus per-PDU costs.
     assert busy > 8000 / 53e6
     free = UamService(UNetService(make_pair(MemoryNetwork()).ep_a), UamParams())
-    assert free._cpu is None
+    assert free.host_costs is None
 
 
 def test_store_and_get_over_fast_ethernet_use_smaller_chunks() -> None:
@@ -518,12 +498,17 @@ def make_shm_pair(network: ShmNetwork) -> Pair:
 
 
 def test_the_lean_path_is_taken_only_on_real_transports() -> None:
-    assert UamService(UNetService(make_pair(MemoryNetwork()).ep_a), UamParams())._endpoint
-    with ShmNetwork() as network:
-        assert UamService(UNetService(make_shm_pair(network).ep_a), UamParams())._endpoint
+    memory = UamService(UNetService(make_pair(MemoryNetwork()).ep_a), UamParams())
+    assert isinstance(memory.path, LeanPath) and memory.path.spin == 0.0
+    with ShmNetwork(spin_time=25e-6) as network:
+        shm = UamService(UNetService(make_shm_pair(network).ep_a), UamParams())
+        assert isinstance(shm.path, LeanPath)
+        assert shm.path.spin == 25e-6  # the PolledNI's documented spin_time
     sim = Simulation(seed=1)
     virtual = UamService(UNetService(make_pair(MemoryNetwork(sim)).ep_a), UamParams())
-    assert virtual._endpoint is None
+    assert virtual.path.name == "event"
+    wrapped = UamService(make_lossy(make_pair(MemoryNetwork()).ep_a, 1), UamParams())
+    assert wrapped.path.name == "task"  # a faulty service lends no endpoint
 
 
 async def test_a_round_trip_needs_no_task_hand_off() -> None:

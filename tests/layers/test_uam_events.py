@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from typing import TypeVar
 
 import pytest
 import trio
 
 from stacklib.experiments import uam as experiments
-from stacklib.layers.uam import UamLayer, UamParams, UamService
+from stacklib.layers.uam import EventPath, TaskPath, UamLayer, UamParams, UamService
 from stacklib.services import UNetService
 from stacklib.sim import Simulation
 from stacklib.transports.memory import MemoryNetwork
@@ -22,6 +23,7 @@ from stacklib.transports.sim import AtmParams, build_atm
 from stacklib.transports.sim.params import FaultParams
 from stacklib.unet import Endpoint, EndpointConfig, connect
 
+C = TypeVar("C")
 CONFIG = EndpointConfig(segment_size=512 * 1024, tx_buffers=32, rx_buffers=48, free_queue=64)
 
 
@@ -54,16 +56,21 @@ def atm_cluster(
 def test_the_event_path_is_taken_over_simulated_unet_only() -> None:
     sim = Simulation(seed=1)
     ep_a, _ = atm_cluster(sim, ["a", "b"])
-    assert UamService(UNetService(ep_a), UamParams())._events is ep_a
+    assert isinstance(UamService(UNetService(ep_a), UamParams()).path, EventPath)
     real = MemoryNetwork().add_node("r")
     endpoint = real.os.create_endpoint(real.os.process("p"), CONFIG)
-    assert UamService(UNetService(endpoint), UamParams())._events is None
+    assert UamService(UNetService(endpoint), UamParams()).path.name == "lean"
 
-    class Wrapped(UNetService):  # a service that changes send: it needs the task path
+    class Wrapped(UNetService):  # a service that changes send: it lends no endpoint
         async def send(self, peer: int, data: bytes | bytearray | memoryview) -> None:
             await super().send(peer, data)
 
-    assert UamService(Wrapped(ep_a), UamParams())._events is None
+        def capability(self, kind: type[C]) -> C | None:
+            return None
+
+    wrapped = UamService(Wrapped(ep_a), UamParams())
+    assert isinstance(wrapped.path, TaskPath)
+    assert wrapped.host_costs is None  # nothing to charge them to either
 
 
 async def _exchange(a: UamService, b: UamService, to_b: int, to_a: int) -> list[object]:
@@ -244,7 +251,8 @@ def test_pdus_the_send_queue_refuses_wait_in_order() -> None:
             peak = 0
             for _ in range(200):  # the host posts one every few microseconds
                 await trio.sleep(1e-6)
-                peak = max(peak, len(a._held))
+                assert isinstance(a.path, EventPath)
+                peak = max(peak, a.path.held)
             result["held"] = peak
             await a.store(to_b, block, (0, 0), 1)
             await a.drain()

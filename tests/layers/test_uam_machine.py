@@ -3,9 +3,6 @@ corruption; acknowledgments; the window; bulk chunks; sequence wrap; peer failur
 
 from __future__ import annotations
 
-import heapq
-
-import attrs
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -25,6 +22,8 @@ from stacklib.layers.uam.machine import (
     UamState,
 )
 from stacklib.layers.uam.wire import CHUNK_SIZE, Pdu, PduType, UamFormatError, build, parse
+from stacklib.sansio import Machine
+from stacklib.testing import Link, Sent
 
 RTO = 1.0  # seconds: round numbers make deadlines easy to check
 ACK_DELAY = 0.1
@@ -47,69 +46,33 @@ def events(m: UamMachine) -> list[Event]:
     return out
 
 
-@attrs.frozen
-class Sent:
-    time: float
-    source: str
-    pdu: Pdu
-    fault: str | None
-
-
-@attrs.define
-class Link:
-    """Two machines joined by a link with a fixed delay, scripted faults and an application on
-    each side that handles every event at once (ECHO replies, SINK records, replies recorded).
+class UamLink(Link[UamMachine]):
+    """stacklib.testing's link between two machines, with an application on each side that
+    handles every event at once (ECHO replies, SINK records, replies recorded).
 
     Datagrams are numbered 1, 2, ... in the order they are put on the link (both directions).
-    ``faults`` maps a number to "drop", "dup", "corrupt" (unknown type byte) or "late:X"
+    ``faults`` maps a number to "drop", "dup", "corrupt" (the type byte inverted) or "late:X"
     (arrives X seconds late, so later datagrams overtake it).
     """
 
-    a: UamMachine
-    b: UamMachine
-    faults: dict[int, str] = attrs.Factory(dict)
-    silent: str | None = None  # this side's datagrams are all lost
-    now: float = 0.0
-    sent: list[Sent] = attrs.Factory(list)
-    got: dict[str, list[tuple[str, tuple[int, ...]]]] = attrs.Factory(lambda: {"a": [], "b": []})
-    failed: dict[str, tuple[float, PeerFailed]] = attrs.Factory(dict)
-    regions: dict[str, bytearray] = attrs.Factory(
-        lambda: {"a": bytearray(20000), "b": bytearray(20000)}
-    )
-    _flight: list[tuple[float, int, str, bytes]] = attrs.Factory(list)
-    _order: int = 0
+    def __init__(
+        self, a: UamMachine, b: UamMachine, faults: dict[int, str], silent: str | None
+    ) -> None:
+        super().__init__(a, b, delay=DELAY, faults=faults, silent=silent, handle=self._handle)
+        self.got: dict[str, list[tuple[str, tuple[int, ...]]]] = {"a": [], "b": []}
+        self.failed: dict[str, tuple[float, PeerFailed]] = {}
+        self.regions = {"a": bytearray(20000), "b": bytearray(20000)}
 
     def m(self, side: str) -> UamMachine:
-        return self.a if side == "a" else self.b
+        return self.machine(side)
 
     def request(self, side: str, handler: int, *args: int) -> None:
-        self.m(side).request(handler, args, self.now)
-        self._collect()
-
-    def run(self, until: float) -> None:
-        self._collect()
-        while True:
-            arrival = self._flight[0][0] if self._flight else None
-            timers = [(t, s) for s in ("a", "b") if (t := self.m(s).get_timer()) is not None]
-            timer = min(timers) if timers else None
-            if arrival is not None and (timer is None or arrival <= timer[0]):
-                if arrival > until:
-                    break
-                self.now, _, destination, datagram = heapq.heappop(self._flight)
-                self.m(destination).receive(datagram, self.now)
-            elif timer is not None and timer[0] <= until:
-                self.now = timer[0]
-                self.m(timer[1]).handle_timer(self.now)
-            else:
-                break
-            self._collect()
-        self.now = until
+        self.input(side, lambda machine, now: machine.request(handler, args, now))
 
     def data_sent(self, source: str) -> list[Sent]:
-        return [s for s in self.sent if s.source == source and s.pdu.type is not PduType.ACK]
+        return [s for s in self.from_side(source) if pdu(s).type is not PduType.ACK]
 
-    def _handle(self, side: str) -> None:
-        m = self.m(side)
+    def _handle(self, side: str, m: UamMachine) -> None:
         while (event := m.next_event()) is not None:
             if isinstance(event, RequestReceived):
                 self.got[side].append(("request", event.args))
@@ -136,34 +99,18 @@ class Link:
             else:
                 self.failed[side] = (self.now, event)
 
-    def _collect(self) -> None:
-        for side, other in (("a", "b"), ("b", "a")):
-            self._handle(side)
-            for datagram in self.m(side).datagrams_to_send(self.now):
-                fault = "drop" if self.silent == side else self.faults.get(len(self.sent) + 1)
-                self.sent.append(Sent(self.now, side, parse(datagram), fault))
-                self._put(other, datagram, fault)
 
-    def _put(self, destination: str, datagram: bytes, fault: str | None) -> None:
-        arrival = self.now + DELAY
-        if fault == "drop":
-            return
-        if fault == "corrupt":
-            datagram = b"\x09" + datagram[1:]
-        if fault is not None and fault.startswith("late:"):
-            arrival += float(fault.removeprefix("late:"))
-        for _ in range(2 if fault == "dup" else 1):
-            self._order += 1
-            heapq.heappush(self._flight, (arrival, self._order, destination, datagram))
+def pdu(sent: Sent) -> Pdu:
+    return parse(sent.datagram)
 
 
-def make_link(**kwargs: object) -> Link:
+def make_link(**kwargs: object) -> UamLink:
     faults = kwargs.pop("faults", {})
     silent = kwargs.pop("silent", None)
-    return Link(machine(**kwargs), machine(**kwargs), faults=faults, silent=silent)  # type: ignore[arg-type]
+    return UamLink(machine(**kwargs), machine(**kwargs), faults, silent)  # type: ignore[arg-type]
 
 
-def sinks(link: Link, n: int, side: str = "a") -> None:
+def sinks(link: UamLink, n: int, side: str = "a") -> None:
     """Send n SINK requests with args (i,), waiting for window room as a driver would."""
     for i in range(n):
         while not link.m(side).request_room:
@@ -171,7 +118,7 @@ def sinks(link: Link, n: int, side: str = "a") -> None:
         link.request(side, SINK, i)
 
 
-def requests_seen(link: Link, side: str) -> list[tuple[int, ...]]:
+def requests_seen(link: UamLink, side: str) -> list[tuple[int, ...]]:
     return [args for what, args in link.got[side] if what == "request"]
 
 
@@ -339,7 +286,7 @@ def test_lose_the_third_packet_go_back_n() -> None:
     sent = link.data_sent("a")
     # b acknowledged 0 and 1 at once (half a window), so a's timer restarted when that ACK
     # arrived (2 delays); one rto later, go back N: the lost request and the one after it.
-    assert [s.pdu.seq for s in sent[4:]] == [2, 3]
+    assert [pdu(s).seq for s in sent[4:]] == [2, 3]
     assert [s.time for s in sent[4:]] == pytest.approx([2 * DELAY + RTO] * 2)
     stats_a, stats_b = link.a.statistics(), link.b.statistics()
     assert stats_a.retransmitted == 2
@@ -394,7 +341,7 @@ def test_sequence_numbers_wrap() -> None:
     sinks(link, 6)
     link.run(until=10.0)
     assert requests_seen(link, "b") == [(i,) for i in range(6)]
-    assert [s.pdu.seq for s in link.data_sent("a")][:4] == [65534, 65535, 0, 1]
+    assert [pdu(s).seq for s in link.data_sent("a")][:4] == [65534, 65535, 0, 1]
 
 
 def test_store_and_get_move_blocks_of_any_size() -> None:
@@ -558,3 +505,8 @@ def test_has_output_while_something_waits() -> None:
     assert not link.b.has_output  # nothing owed until the handler has run
     assert isinstance(link.b.next_event(), RequestReceived)
     assert link.b.has_output  # an acknowledgment is owed
+
+
+def test_the_machine_keeps_the_sans_io_contract() -> None:
+    contract: Machine[Event] = UamMachine()  # mypy checks the five signatures here
+    assert isinstance(contract, Machine)

@@ -1,15 +1,10 @@
 """The trio driver of the stop-and-wait ARQ layer: a reliable service over a datagram service.
 
 The driver makes no protocol decisions; :mod:`stacklib.layers.arq.machine` does.  It keeps one
-:class:`~stacklib.layers.arq.machine.ArqMachine` per peer and runs two tasks while the layer is
-open:
-
-* the *receive task* reads datagrams from the service below, feeds them to the peer's machine,
-  queues the machine's deliveries for :meth:`ArqService.recv` and wakes the pump (an ACK may
-  have to go out, a sender may have room again);
-* the *pump* is the only task that writes to the service below: it fires expired timers,
-  transmits whatever the machines want sent, and sleeps until the earliest machine deadline or
-  until someone kicks it (``trio.move_on_at`` around a ``trio.Event``).
+:class:`~stacklib.layers.arq.machine.ArqMachine` per peer and runs them with the generic
+:class:`stacklib.driver.Driver` (a receive task and a pump), telling it what to do with the
+machines' events: a delivered message goes to the inbox that :meth:`ArqService.recv` reads, a
+failed peer is reported there and to every later call for it.
 
 Flow control: :meth:`ArqService.send` waits while ``max_queue`` messages to that peer are queued
 or unacknowledged; the receive task stops reading from below while ``max_queue`` delivered
@@ -28,8 +23,9 @@ import attrs
 import trio
 import trio.lowlevel
 
+from stacklib.driver import Driver
 from stacklib.errors import LocalProtocolError, PeerUnreachable
-from stacklib.layers.arq.machine import ArqMachine, ArqStatistics, Delivered, PeerFailed
+from stacklib.layers.arq.machine import ArqMachine, ArqStatistics, Delivered, Event, PeerFailed
 from stacklib.layers.arq.wire import HEADER_SIZE
 from stacklib.services import DatagramService, ReliableService, Service
 from stacklib.stack import Layer, register_layer, serve
@@ -79,15 +75,23 @@ class ArqService(ReliableService):
     def __init__(self, below: DatagramService, params: ArqParams) -> None:
         self._below = below
         self._params = params
-        self._machines: dict[int, ArqMachine] = {}
         self._failures: dict[int, str] = {}
         self._closed = False
         self._inbox_send, self._inbox = trio.open_memory_channel[_Item](math.inf)
         # One token per delivered message waiting in the inbox: bounds it at max_queue.
         self._inbox_room = trio.Semaphore(params.max_queue)
-        self._kick_event = trio.Event()
         self._progress = trio.Event()  # replaced each time it is set
         self._waiters = 0  # tasks waiting on _progress
+        self.driver = Driver(
+            below,
+            self._new_machine,
+            on_event=self._on_event,
+            on_input=self._on_input,
+            admit=self._inbox_room.acquire,
+            on_progress=self._wake,
+            on_end=self._inbox_send.close,  # no more input: recv() ends after the backlog
+        )
+        self._machines = self.driver.machines
 
     def __repr__(self) -> str:
         return f"<ArqService over {self._below!r}, {len(self._machines)} peers>"
@@ -120,8 +124,8 @@ class ArqService(ReliableService):
             if machine.send_room:
                 break
             await self._wait_progress()
-        machine.send(data, trio.current_time())
-        self._kick()
+        machine.send(data, self.driver.now())
+        self.driver.kick()
         await trio.lowlevel.cancel_shielded_checkpoint()
 
     async def recv(self) -> tuple[int, bytes]:
@@ -146,7 +150,7 @@ class ArqService(ReliableService):
     def peer_statistics(self, peer: int) -> ArqStatistics:
         """The counters of the machine for ``peer`` (all zero if nothing was exchanged yet)."""
         machine = self._machines.get(peer)
-        return (machine if machine is not None else self._new_machine()).statistics()
+        return (machine if machine is not None else self._new_machine(peer)).statistics()
 
     def statistics(self) -> Mapping[str, object]:
         """Totals over all peers, and ``"peers"``: an :class:`ArqStatistics` per peer."""
@@ -159,49 +163,15 @@ class ArqService(ReliableService):
         totals["peers"] = per_peer
         return totals
 
-    # ------------------------------------------------------------------ the two tasks
+    def close(self) -> None:
+        """Called when the layer closes: later sends raise, waiting calls wake."""
+        self._closed = True
+        self._inbox_send.close()
+        self._progress.set()
 
-    async def _receive_loop(self) -> None:
-        below = self._below
-        while True:
-            await self._inbox_room.acquire()
-            try:
-                peer, datagram = await below.recv()
-            except (trio.EndOfChannel, trio.ClosedResourceError):
-                await self._inbox_send.aclose()  # no more input: recv() ends after the backlog
-                return
-            machine = self._machines.get(peer)
-            if machine is None:
-                machine = self._machines[peer] = self._new_machine()
-            machine.receive(datagram, trio.current_time())
-            if not self._drain_events(peer, machine):
-                self._inbox_room.release()
-            self._kick()  # an ACK to send, or a next DATA after an ACK
-            self._wake()
+    # ------------------------------------------------------------------ the driver's hooks
 
-    async def _pump(self) -> None:
-        below = self._below
-        while True:
-            # A fresh event before looking at the machines: a kick from now on is not missed.
-            kick = self._kick_event = trio.Event()
-            now = trio.current_time()
-            deadline = math.inf
-            for peer, machine in list(self._machines.items()):
-                timer = machine.get_timer()
-                if timer is not None and timer <= now:
-                    machine.handle_timer(now)
-                    self._drain_events(peer, machine)
-                for datagram in machine.datagrams_to_send(now):
-                    await below.send(peer, datagram)
-                timer = machine.get_timer()
-                if timer is not None:
-                    deadline = min(deadline, timer)
-            with trio.move_on_at(deadline):
-                await kick.wait()
-
-    # ------------------------------------------------------------------ helpers
-
-    def _new_machine(self) -> ArqMachine:
+    def _new_machine(self, peer: int) -> ArqMachine:
         params = self._params
         return ArqMachine(
             rto=params.rto_us * 1e-6,
@@ -210,29 +180,28 @@ class ArqService(ReliableService):
             max_payload=self.max_message,
         )
 
-    def _machine(self, peer: int) -> ArqMachine:
-        machine = self._machines.get(peer)
-        if machine is None:
-            if peer not in self._below.peers:
-                raise LocalProtocolError(f"ARQ: no peer {peer} (peers: {list(self.peers)})")
-            machine = self._machines[peer] = self._new_machine()
-        return machine
+    def _on_input(self, peer: int, machine: ArqMachine) -> None:
+        # The token taken before reading is kept by a delivered message (recv gives it back).
+        if not self.driver.take_events(peer, machine):
+            self._inbox_room.release()
 
-    def _drain_events(self, peer: int, machine: ArqMachine) -> int:
-        """Move the machine's events to the inbox; returns how many messages it delivered."""
-        delivered = 0
-        while (event := machine.next_event()) is not None:
-            if isinstance(event, Delivered):
-                self._inbox_send.send_nowait((peer, event.data))
-                delivered += 1
-            else:
-                self._failures[peer] = (
-                    f"ARQ: peer {peer} did not acknowledge after {event.retransmissions} "
-                    f"retransmissions; {event.undelivered} message(s) may not have arrived"
-                )
-                self._inbox_send.send_nowait((peer, event))
-                self._wake()
-        return delivered
+    def _on_event(self, peer: int, event: Event) -> None:
+        if isinstance(event, Delivered):
+            self._inbox_send.send_nowait((peer, event.data))
+            return
+        self._failures[peer] = (
+            f"ARQ: peer {peer} did not acknowledge after {event.retransmissions} "
+            f"retransmissions; {event.undelivered} message(s) may not have arrived"
+        )
+        self._inbox_send.send_nowait((peer, event))
+        self._wake()
+
+    # ------------------------------------------------------------------ helpers
+
+    def _machine(self, peer: int) -> ArqMachine:
+        if peer not in self._machines and peer not in self._below.peers:
+            raise LocalProtocolError(f"ARQ: no peer {peer} (peers: {list(self.peers)})")
+        return self.driver.machine(peer)
 
     def _check_usable(self, peer: int) -> None:
         if self._closed:
@@ -240,9 +209,6 @@ class ArqService(ReliableService):
         reason = self._failures.get(peer)
         if reason is not None:
             raise PeerUnreachable(reason)
-
-    def _kick(self) -> None:
-        self._kick_event.set()
 
     async def _wait_progress(self) -> None:
         self._waiters += 1
@@ -255,11 +221,6 @@ class ArqService(ReliableService):
         if self._waiters:
             self._progress.set()
             self._progress = trio.Event()
-
-    def _close(self) -> None:
-        self._closed = True
-        self._inbox_send.close()
-        self._progress.set()
 
 
 @register_layer
@@ -278,6 +239,5 @@ class ArqLayer(Layer):
         """Run the layer over ``below`` and yield its :class:`ArqService`."""
         self.require_below(below)
         service = ArqService(typing.cast(DatagramService, below), self.params)
-        tasks = [(service._receive_loop, "arq receive"), (service._pump, "arq pump")]
-        async with serve(service, tasks, service._close):
+        async with serve(service, service.driver.tasks("arq"), service.close):
             yield service

@@ -184,11 +184,6 @@ def describe(pdu: Pdu) -> list[registry.Field]:
     return [("type", pdu.type), ("seq", pdu.seq), ("payload", pdu.payload)]
 
 
-registry.register(
-    "arq", parse_reference, describe, "stop-and-wait ARQ PDU (docs/writing-a-layer.md)"
-)
-
-
 # --- hypothesis strategy (hypothesis is a test-only dependency: imported lazily) ---------------
 
 
@@ -202,3 +197,14 @@ def pdus(*, max_payload: int = 256) -> SearchStrategy[Pdu]:
         st.builds(Pdu.ack, seqs),
     )
     return result
+
+
+registry.register(
+    "arq",
+    parse_reference,
+    describe,
+    "stop-and-wait ARQ PDU (docs/writing-a-layer.md)",
+    build=build,
+    strategy=pdus,
+    error=ArqFormatError,
+)

@@ -899,16 +899,6 @@ def describe_ethernet(frame: EthernetFrame) -> list[registry.Field]:
     ]
 
 
-registry.register(
-    "ipv4", parse_ipv4_reference, describe_ipv4, "IPv4 packet, options skipped (RFC 791)"
-)
-registry.register("icmp", parse_icmp_reference, describe_icmp, "ICMP message (RFC 792)")
-registry.register("arp", parse_arp_reference, describe_arp, "ARP, IPv4 over Ethernet (RFC 826)")
-registry.register(
-    "ethernet", parse_ethernet_reference, describe_ethernet, "Ethernet II frame, no FCS"
-)
-
-
 # --- hypothesis strategies (hypothesis is a test-only dependency: imported lazily) -------------
 
 
@@ -987,3 +977,41 @@ def ethernet_frames(*, max_payload: int = 1500) -> SearchStrategy[EthernetFrame]
         payload=st.binary(min_size=46, max_size=max(46, max_payload)),
     )
     return result
+
+
+registry.register(
+    "ipv4",
+    parse_ipv4_reference,
+    describe_ipv4,
+    "IPv4 packet, options skipped (RFC 791)",
+    build=build_ipv4,
+    strategy=ipv4_packets,
+    error=Ipv4FormatError,
+)
+registry.register(
+    "icmp",
+    parse_icmp_reference,
+    describe_icmp,
+    "ICMP message (RFC 792)",
+    build=build_icmp,
+    strategy=icmp_messages,
+    error=IcmpFormatError,
+)
+registry.register(
+    "arp",
+    parse_arp_reference,
+    describe_arp,
+    "ARP, IPv4 over Ethernet (RFC 826)",
+    build=build_arp,
+    strategy=arp_packets,
+    error=ArpFormatError,
+)
+registry.register(
+    "ethernet",
+    parse_ethernet_reference,
+    describe_ethernet,
+    "Ethernet II frame, no FCS",
+    build=build_ethernet,
+    strategy=ethernet_frames,
+    error=EthernetFormatError,
+)

@@ -562,9 +562,6 @@ def describe(segment: Segment) -> list[registry.Field]:
     ]
 
 
-registry.register("tcp", parse_reference, describe, "TCP segment, RFC 9293 (docs/tcp-core.md)")
-
-
 # --- hypothesis strategy (hypothesis is a test-only dependency: imported lazily) ---------------
 
 
@@ -595,3 +592,14 @@ def segments(*, max_payload: int = 256) -> SearchStrategy[Segment]:
         payload=st.binary(max_size=max_payload),
     )
     return result
+
+
+registry.register(
+    "tcp",
+    parse_reference,
+    describe,
+    "TCP segment, RFC 9293 (docs/tcp-core.md)",
+    build=build,
+    strategy=segments,
+    error=TcpFormatError,
+)

@@ -337,9 +337,6 @@ def describe(pdu: Pdu) -> list[registry.Field]:
     return lines
 
 
-registry.register("uam", parse_reference, describe, "U-Net Active Messages PDU (paper 000 §5)")
-
-
 # --- hypothesis strategy (hypothesis is a test-only dependency: imported lazily) ---------------
 
 
@@ -374,3 +371,14 @@ def pdus(*, max_data: int = 64) -> SearchStrategy[Pdu]:
         *(bulk_pdu(kind) for kind in (PduType.STORE, PduType.GET, PduType.GET_REPLY)),
     )
     return result
+
+
+registry.register(
+    "uam",
+    parse_reference,
+    describe,
+    "U-Net Active Messages PDU (paper 000 §5)",
+    build=build,
+    strategy=pdus,
+    error=UamFormatError,
+)

@@ -205,9 +205,6 @@ def _parse_for_decode(data: bytes) -> UdpDatagram:
     return parse_reference(data)
 
 
-registry.register("udp", _parse_for_decode, describe, "UDP datagram (RFC 768), checksum unchecked")
-
-
 def datagrams(*, max_data: int = 512) -> SearchStrategy[UdpDatagram]:
     """Valid UDP datagrams."""
     from hypothesis import strategies as st
@@ -217,3 +214,15 @@ def datagrams(*, max_data: int = 512) -> SearchStrategy[UdpDatagram]:
         UdpDatagram, src_port=ports, dst_port=ports, data=st.binary(max_size=max_data)
     )
     return result
+
+
+registry.register(
+    "udp",
+    _parse_for_decode,
+    describe,
+    "UDP datagram (RFC 768), checksum unchecked",
+    # Any pseudo-header will do: the registered parser does not check the checksum.
+    build=lambda datagram: build(datagram, "192.0.2.1", "192.0.2.2"),
+    strategy=datagrams,
+    error=UdpFormatError,
+)

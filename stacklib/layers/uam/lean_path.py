@@ -1,0 +1,252 @@
+"""UAM's lean path: over a real U-Net endpoint (docs/uam.md, "Over a real transport").
+
+:meth:`UamService.poll` and the waits take datagrams from the endpoint themselves and run the
+machines and handlers in the caller's task; output goes straight to the endpoint with
+``send_nowait``, once at the end of a poll.  A round trip then needs no hand-off between trio
+tasks.  The receive task only takes what the application's polls have not (running the handlers
+with ``background_poll``) and sleeps on the NI in between; the pump only runs timers and resends
+what the endpoint refused.
+
+Where the NI is a :class:`~stacklib.unet.polled.PolledNI` (shm, udp, ether), a waiting task and
+the receive task poll with checkpoints for its documented ``spin_time`` before they sleep in
+its ``idle_wait``; on another NI the receive task blocks in the endpoint's receive.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from typing import TYPE_CHECKING
+
+import trio
+import trio.lowlevel
+
+from stacklib.compiled import mypyc_attr
+from stacklib.layers.uam.paths import ExecutionPath, Task
+from stacklib.unet import Endpoint
+from stacklib.unet.polled import PolledNI
+
+if TYPE_CHECKING:
+    from stacklib.layers.uam.service import UamService
+
+__all__ = ["LeanPath"]
+
+_RETRY = 20e-6  # seconds before the pump offers the endpoint again what it refused
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class LeanPath(ExecutionPath):
+    """The lean path of ``service`` over ``endpoint`` of a real NI."""
+
+    name = "lean"
+
+    def __init__(self, service: UamService, endpoint: Endpoint) -> None:
+        super().__init__(service)
+        self._endpoint = endpoint
+        ni = endpoint.ni
+        self._polled: PolledNI | None = ni if isinstance(ni, PolledNI) else None
+        self._spin = self._polled.spin_time if self._polled is not None else 0.0
+        self._kick_event = trio.Event()
+        self._pump_deadline = math.inf  # when the pump wakes next (inf: only if kicked)
+        self._last_poll = -math.inf  # perf_counter of the application's last poll
+        self._deferred: bool | None = None  # in a poll: None, or whether to flush after
+        self._unsent: dict[int, deque[bytes]] = {}
+
+    @property
+    def spin(self) -> float | None:
+        return self._spin
+
+    def start(self) -> list[Task]:
+        """The receive task and the pump, and the poller with ``background_poll``."""
+        tasks: list[Task] = [(self._receive, "uam receive"), (self._pump, "uam pump")]
+        if self.service._params.background_poll:
+            tasks.append((self.poller, "uam poller"))
+        return tasks
+
+    def kick(self, peer: int | None) -> None:
+        if self._deferred is not None:
+            self._deferred = True  # a poll is running: it transmits when done
+        else:
+            self._flush()
+
+    def poll(self) -> int:
+        """Receive from the endpoint, run the handlers, and transmit once at the end whatever
+        they and the arrivals produced (replies, ACKs)."""
+        self._last_poll = time.perf_counter()
+        nested = self._deferred is not None
+        if not nested:
+            self._deferred = False
+        service = self.service
+        count = 0
+        try:
+            while True:
+                if self._absorb(flush=False):
+                    self._deferred = True
+                full = self._arrivals_full()
+                for peer, machine in service._machine_items:
+                    count += service._run_handlers(peer, machine)
+                if not full:  # else more may wait at the endpoint, which _absorb left there
+                    break
+        finally:
+            service._current = None
+            if not nested:
+                flush = count or self._deferred
+                self._deferred = None
+                if flush:
+                    self._flush()
+        return count
+
+    # ------------------------------------------------------------------ receive
+
+    async def _receive(self) -> None:
+        """Take what the application's own polls have not taken yet, run the handlers at once
+        with ``background_poll``, and sleep on the NI when nothing arrives (it never holds a
+        datagram across a checkpoint, so datagrams reach the machines in arrival order
+        whichever task takes them)."""
+        service = self.service
+        endpoint = self._endpoint
+        polled = self._polled
+        background = service._params.background_poll
+        while True:
+            if service._closed or endpoint.closed:
+                return
+            if self._absorb():
+                if background:
+                    service._background_poll()
+                await trio.lowlevel.checkpoint()
+                continue
+            if polled is None:
+                # No NI to sleep on: a blocking receive.  Only shm has arrivals from another
+                # process between two polls, and it has idle_wait.
+                try:
+                    message = await endpoint.recv()
+                except (trio.EndOfChannel, trio.ClosedResourceError):
+                    return
+                machine = service._machines.get(message.channel)
+                if machine is None:
+                    machine = service._add_machine(message.channel)
+                machine.receive(message.data, service._now())
+                self.kick(None)
+                service._wake()
+                if background:
+                    service._background_poll()
+                continue
+            # Spin with checkpoints for the NI's spin time, then sleep until a peer wakes
+            # the node (a failed peer shows as retransmission timeouts, as in the paper).
+            # While the application polls, keep spinning: asleep, this task would make every
+            # sender pay a wake-up system call.
+            spin = self._spin
+            deadline = time.perf_counter() + spin
+            while (now := time.perf_counter()) < deadline or now < self._last_poll + spin:
+                await trio.lowlevel.checkpoint()
+                if service._closed or self._absorb():
+                    break
+            else:
+                await polled.idle_wait()
+                continue
+            if background:
+                service._background_poll()
+
+    def _absorb(self, flush: bool = True) -> int:
+        """Feed every datagram waiting at the endpoint to its machine; returns how many.
+        Handlers wait for a poll; acknowledgments and window room take effect."""
+        if self._arrivals_full():
+            return 0  # handlers first: the next datagram may be for that peer
+        poll = self._endpoint.poll
+        message = poll()
+        if message is None:
+            return 0
+        service = self.service
+        now = service._now()
+        machines = service._machines
+        count = 0
+        while message is not None:
+            machine = machines.get(message.channel)
+            if machine is None:
+                machine = service._add_machine(message.channel)
+            machine.receive(message.data, now)
+            count += 1
+            if machine.arrivals_full:
+                # Taking more would drop this peer's next PDU (go-back-N would resend it and
+                # everything after it, after a timeout); at the endpoint it waits for a poll.
+                break
+            message = poll()
+        if flush:
+            self._flush()  # window room for the backlog, or an ACK owed for a duplicate
+        if service._waiting:
+            service._wake()
+        return count
+
+    def _arrivals_full(self) -> bool:
+        """Some peer has 2w arrivals waiting for their handlers."""
+        return any(machine.arrivals_full for _, machine in self.service._machine_items)
+
+    # ------------------------------------------------------------------ transmit and timers
+
+    def _flush(self, kick: bool = True) -> bool:
+        """Transmit what the machines want sent, now, with ``send_nowait``; what the endpoint
+        refuses waits (in order) for the pump.  Returns False if something waits.  Kicks the
+        pump only when a timer is due before the pump would wake."""
+        service = self.service
+        send = self._endpoint.send_nowait
+        now = service._now()
+        unsent = self._unsent
+        moved = False
+        done = True
+        earliest = math.inf
+        for peer, machine in service._machines.items():
+            datagrams = machine.datagrams_to_send(now)
+            if unsent:
+                waiting = unsent.get(peer)
+                if waiting:
+                    waiting.extend(datagrams)
+                    datagrams = list(waiting)
+                    waiting.clear()
+            if datagrams:
+                for index, datagram in enumerate(datagrams):
+                    try:
+                        send(peer, datagram)
+                    except trio.WouldBlock:
+                        unsent.setdefault(peer, deque()).extend(datagrams[index:])
+                        done = False
+                        break
+                    moved = True
+            timer = machine.get_timer()
+            if timer is not None and timer < earliest:
+                earliest = timer
+        if kick and (not done or earliest < self._pump_deadline):
+            self._kick_event.set()
+        if moved and service._waiting:
+            service._wake()  # the backlog moved: senders waiting for it may go on
+        return done
+
+    async def _pump(self) -> None:
+        """Only timers and what the endpoint refused to take."""
+        service = self.service
+        while True:
+            kick = self._kick_event = trio.Event()
+            self._pump_deadline = math.inf  # a kick from now on makes it run again
+            # What has arrived counts before a timer fires (after a stall of this process,
+            # an acknowledgment waiting at the endpoint must not be taken for a loss).
+            if self._absorb(flush=False) and service._params.background_poll:
+                service._background_poll()
+            now = service._now()
+            for machine in list(service._machines.values()):
+                timer = machine.get_timer()
+                if timer is not None and timer <= now:
+                    machine.handle_timer(now)
+                    if machine.pending:
+                        self._arrival.set()  # a PeerFailed to report
+                        service._wake()
+            done = self._flush(kick=False)
+            deadline = math.inf
+            for machine in service._machines.values():
+                timer = machine.get_timer()
+                if timer is not None:
+                    deadline = min(deadline, timer)
+            if not done:  # the endpoint's queues are full: try again soon
+                deadline = min(deadline, service._now() + _RETRY)
+            self._pump_deadline = deadline
+            with trio.move_on_at(deadline):
+                await kick.wait()
