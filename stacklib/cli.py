@@ -160,7 +160,7 @@ def _bench_workload(args: argparse.Namespace) -> Any:
     kind = workload_kind(args.bench)
     top = recipe.layers[-1][0].provides if recipe.layers else None
     if top is not None and not kind.accepts(top):
-        raise ConfigError(str(recipe.path), "layers", f"{kind.name} needs a {kind.needs} service")
+        raise ConfigError(str(recipe.path), "layers", f"{kind.name} needs {kind.needs}")
     base = recipe.workload_params if recipe.workload is kind else kind.Params()
     given = {
         name: value

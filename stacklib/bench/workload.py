@@ -56,9 +56,11 @@ class WorkloadKind:
 
     @property
     def needs(self) -> str:
-        """The required service kinds, for messages: ``'reliable'`` or ``'reliable' or ..."""
+        """The required services, for messages: ``a 'reliable' service`` or
+        ``an 'active-messages' or 'splitc' service``."""
         wanted = self.requires if isinstance(self.requires, tuple) else (self.requires,)
-        return " or ".join(repr(service.kind) for service in wanted)
+        article = "an" if wanted[0].kind[:1] in "aeiou" else "a"
+        return f"{article} {' or '.join(repr(service.kind) for service in wanted)} service"
 
 
 def _accept_workload(obj: object) -> WorkloadKind | None:

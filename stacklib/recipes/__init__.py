@@ -326,7 +326,7 @@ def parse_recipe(data: Mapping[str, object], where: str, path: Path | None = Non
         raise ConfigError(
             where,
             "workload.kind",
-            f"workload {workload_name!r} needs a {workload.needs} service but the "
+            f"workload {workload_name!r} needs {workload.needs} but the "
             f"stack's top provides {top.kind!r}",
         )
     name = path.stem if path is not None else "recipe"

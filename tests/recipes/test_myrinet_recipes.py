@@ -120,4 +120,4 @@ def test_bips_synchronous_sends_deadlock_the_all_to_all_and_the_run_says_so() ->
 def test_the_command_offers_every_library() -> None:
     from stacklib.commands.myrinet import LIBRARY_NAMES
 
-    assert LIBRARY_NAMES == tuple(sorted(LIBRARIES))
+    assert tuple(sorted(LIBRARIES)) == LIBRARY_NAMES

@@ -118,15 +118,12 @@ def test_bad_parameters_name_the_key(workload: dict[str, object], key: str, reas
 def test_splitc_needs_uam_below_it() -> None:
     data = _splitc()
     data["layers"] = []  # raw U-Net is not a reliable service
-    with pytest.raises(
-        ConfigError, match=r"workload\.kind: workload 'splitc' needs a 'reliable' or 'splitc'"
-    ):
+    needs = r"workload\.kind: workload 'splitc' needs an 'active-messages' or 'splitc' service"
+    with pytest.raises(ConfigError, match=needs + " but the stack's top provides 'unet'"):
         parse_recipe(data, "bad.toml")
-    data["layers"] = [{"kind": "arq"}]  # reliable, but not active messages
-    recipe = parse_recipe(data, "arq.toml")
-    message = "layers: the splitc workload runs over Split-C or Active Messages"
-    with pytest.raises(ConfigError, match=message):
-        run_recipe(recipe)
+    data["layers"] = [{"kind": "arq"}]  # reliable, but not active messages: refused at load
+    with pytest.raises(ConfigError, match=needs + " but the stack's top provides 'reliable'"):
+        parse_recipe(data, "arq.toml")
 
 
 def test_nodes_parameter_sets_the_node_count() -> None:

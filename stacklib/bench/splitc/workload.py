@@ -34,7 +34,7 @@ from stacklib.bench import Session, WorkloadKind, register_workload
 from stacklib.bench.result import Column, Result
 from stacklib.errors import ConfigError
 from stacklib.layers.splitc import SplitC
-from stacklib.services import ActiveMessageService, ReliableService
+from stacklib.services import ActiveMessageService
 from stacklib.sim import Simulation
 
 __all__ = ["SPLITC", "SplitcWorkloadParams", "run_splitc"]
@@ -197,8 +197,7 @@ SPLITC = register_workload(
         Params=SplitcWorkloadParams,
         run=run_splitc,
         description="a Split-C benchmark program (paper 000 §6, paper 003 §5.1), one rank per node",
-        # Active Messages (Split-C is made over them; the uam layer declares the reliable
-        # service it extends) or the splitc layer itself.
-        requires=(ReliableService, SplitC),
+        # Active Messages (Split-C is made over them) or the splitc layer itself.
+        requires=(ActiveMessageService, SplitC),
     )
 )

@@ -2,11 +2,9 @@
 
 It runs over any :class:`~stacklib.services.ActiveMessageService`: U-Net Active Messages (the
 ``uam`` layer) or the Myrinet GAM library's Active Messages (the ``sim-myrinet-am`` transport's
-bottom).  Opening refuses anything else with an :class:`~stacklib.errors.AssemblyError` naming
-the need.  Assembly (``check_fit``) can only refuse what the layer below declares: UAM's layer
-declares the :class:`~stacklib.services.ReliableService` it extends, so until it declares
-:class:`~stacklib.services.ActiveMessageService` the layer's declared need stays
-``ReliableService`` and the opening check carries the rest.
+bottom).  Assembly refuses anything else (``check_fit``: an
+:class:`~stacklib.errors.AssemblyError` naming the need), as does opening over a service the
+layer is handed directly.
 
 Its rank and rank -> channel map come, in this order, from the constructor (or ``rank`` in the
 recipe), from the recipe's placement (node ``i`` is rank ``i``, :meth:`SplitcLayer.place`), or
@@ -24,7 +22,7 @@ import attrs
 
 from stacklib.errors import AssemblyError
 from stacklib.layers.splitc.runtime import SplitC, open_splitc
-from stacklib.services import ActiveMessageService, ReliableService, Service
+from stacklib.services import ActiveMessageService, Service
 from stacklib.sim import Resource
 from stacklib.stack import Layer, Placement, register_layer
 
@@ -66,8 +64,7 @@ class SplitcLayer(Layer):
     """Split-C's global address space over Active Messages (docs/splitc.md)."""
 
     name = "splitc"
-    #: What assembly can check; opening requires an ActiveMessageService (module docstring).
-    requires = ReliableService
+    requires = ActiveMessageService
     provides = SplitC
     Params = SplitcParams
 
@@ -108,11 +105,7 @@ class SplitcLayer(Layer):
         """Run Split-C over ``below`` (an :class:`ActiveMessageService`) and yield this rank's
         :class:`SplitC`; :class:`AssemblyError` naming the need for anything else."""
         self.require_below(below)
-        if not isinstance(below, ActiveMessageService):
-            raise AssemblyError(
-                f"layer 'splitc' requires an 'active-messages' service (ActiveMessageService, "
-                f"e.g. the 'uam' layer), got {type(below).__name__}"
-            )
+        assert isinstance(below, ActiveMessageService)  # require_below checked it
         p = self.params
         if p.rank is not None:
             rank = p.rank

@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 
 from stacklib.layers.uam.params import UamParams
 from stacklib.layers.uam.service import UamService
-from stacklib.services import DatagramService, ReliableService, Service
+from stacklib.services import ActiveMessageService, DatagramService, Service
 from stacklib.stack import Layer, register_layer, serve
 
 __all__ = ["UamLayer"]
@@ -26,7 +26,7 @@ class UamLayer(Layer):
 
     name = "uam"
     requires = DatagramService
-    provides = ReliableService
+    provides = ActiveMessageService
     Params = UamParams
 
     params: UamParams

@@ -13,9 +13,10 @@ import trio
 from stacklib.errors import AssemblyError, LocalProtocolError, RemoteProtocolError
 from stacklib.layers.arq import ArqLayer
 from stacklib.layers.splitc import SplitcLayer
+from stacklib.layers.uam import UamLayer
 from stacklib.recipes import parse_recipe, run_recipe
-from stacklib.services import ActiveMessageService
-from stacklib.stack import open_stack
+from stacklib.services import ActiveMessageService, DatagramService
+from stacklib.stack import check_fit, open_stack
 from stacklib.transports.sim.lanai4 import Lanai4Cluster
 from stacklib.transports.sim.myrinet_libs import Gam, GamActiveMessages, GamParams
 from tests.transports.myrinet_libs.conftest import simulate
@@ -189,9 +190,13 @@ def test_splitc_is_refused_over_a_reliable_service_that_is_not_active_messages()
             return str(error)
         return ""
 
+    # Refused at assembly, before anything opens: check_fit sees the declared services.
     message = simulate(body)
-    assert "requires an 'active-messages' service (ActiveMessageService" in message
-    assert "ArqService" in message
+    assert "layer 'splitc' (position 1) requires an 'active-messages' service" in message
+    assert "layer 'arq' below it provides 'reliable' (ReliableService)" in message
+    with pytest.raises(AssemblyError, match="requires an 'active-messages' service"):
+        check_fit(DatagramService, [ArqLayer(), SplitcLayer()])
+    check_fit(DatagramService, [UamLayer(), SplitcLayer()])  # UAM declares Active Messages
 
 
 def _splitc_recipe(benchmark: str, nodes: int, over_uam: bool) -> dict[str, Any]:
