@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import attrs
 import trio
@@ -46,8 +46,13 @@ class Placement:
     cpu: Resource | None = None
 
 
-class Layer(abc.ABC):
-    """A protocol layer.  Subclasses set the class attributes and implement :meth:`open`."""
+P = TypeVar("P")
+
+
+class Layer(abc.ABC, Generic[P]):
+    """A protocol layer with parameters of type ``P``.  Subclasses name it
+    (``class ArqLayer(Layer[ArqParams])``), set the class attributes and implement
+    :meth:`open`; mypy then checks ``self.params`` and the constructor's argument."""
 
     #: Registry name, used by recipes (``[[layers]] kind = "..."``).
     name: ClassVar[str]
@@ -55,11 +60,12 @@ class Layer(abc.ABC):
     requires: ClassVar[type[Service]]
     #: The service this layer offers to the layer above.
     provides: ClassVar[type[Service]]
-    #: An attrs class of the layer's parameters, validated strictly from recipes.
-    Params: ClassVar[type[Any]]
+    #: An attrs class of the layer's parameters, validated strictly from recipes; its
+    #: defaults must make a working layer (``Layer()`` uses them).
+    Params: type[P]
 
-    def __init__(self, params: Any = None) -> None:
-        self.params = params if params is not None else self.Params()
+    def __init__(self, params: P | None = None) -> None:
+        self.params: P = params if params is not None else self.Params()
 
     def __repr__(self) -> str:
         return f"<layer {self.name}>"
@@ -121,12 +127,12 @@ async def serve(
         raise body_error
 
 
-def _accept_layer(obj: object) -> type[Layer] | None:
+def _accept_layer(obj: object) -> type[Layer[Any]] | None:
     return obj if isinstance(obj, type) and issubclass(obj, Layer) else None
 
 
 #: Every layer recipes can name (built-ins, entry points in ``stacklib.layers``, import paths).
-LAYERS: Registry[type[Layer]] = Registry(
+LAYERS: Registry[type[Layer[Any]]] = Registry(
     "layer",
     builtin=builtin.LAYERS,
     name_of=lambda cls: cls.name,
@@ -134,7 +140,7 @@ LAYERS: Registry[type[Layer]] = Registry(
     expected="a Layer subclass",
 )
 
-L = TypeVar("L", bound=type[Layer])
+L = TypeVar("L", bound=type[Layer[Any]])
 
 
 def register_layer(cls: L) -> L:
@@ -143,7 +149,7 @@ def register_layer(cls: L) -> L:
     return cls
 
 
-def layer_class(name: str) -> type[Layer]:
+def layer_class(name: str) -> type[Layer[Any]]:
     """The layer registered as ``name`` (or an import path ``"module:Class"``); an unknown
     name raises :class:`~stacklib.registry.UnknownName` (a ``KeyError``) naming the known ones."""
     return LAYERS[name]
@@ -154,7 +160,7 @@ def _a(word: str) -> str:
     return "an" if word[:1] in ("a", "e", "i", "o", "u") else "a"
 
 
-def check_fit(bottom: type[Service], layers: Sequence[Layer], bottom_name: str = "") -> None:
+def check_fit(bottom: type[Service], layers: Sequence[Layer[Any]], bottom_name: str = "") -> None:
     """Raise :class:`AssemblyError` unless every layer gets the service it requires."""
     below_type = bottom
     below_name = bottom_name or f"the transport ({bottom.kind})"
@@ -171,7 +177,7 @@ def check_fit(bottom: type[Service], layers: Sequence[Layer], bottom_name: str =
 
 
 @asynccontextmanager
-async def open_stack(bottom: Service, layers: Sequence[Layer]) -> AsyncIterator[Service]:
+async def open_stack(bottom: Service, layers: Sequence[Layer[Any]]) -> AsyncIterator[Service]:
     """Open ``layers`` bottom-up over ``bottom`` and yield the top service.
 
     The fit is checked before anything is opened; leaving the context closes the layers top
@@ -192,7 +198,7 @@ async def open_stack(bottom: Service, layers: Sequence[Layer]) -> AsyncIterator[
 
 @asynccontextmanager
 async def open_stacks(
-    stacks: Sequence[tuple[Service, Sequence[Layer]]],
+    stacks: Sequence[tuple[Service, Sequence[Layer[Any]]]],
 ) -> AsyncIterator[list[Service]]:
     """Open several stacks side by side and yield their top services, in order.
 
@@ -207,7 +213,7 @@ async def open_stacks(
     release = trio.Event()
     opened = 0
 
-    async def hold(index: int, bottom: Service, layers: Sequence[Layer]) -> None:
+    async def hold(index: int, bottom: Service, layers: Sequence[Layer[Any]]) -> None:
         nonlocal opened
         async with open_stack(bottom, layers) as top:
             tops[index] = top

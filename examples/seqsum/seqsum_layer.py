@@ -143,7 +143,7 @@ class SeqSumService(DatagramService):
         return dict(self.machine.counters)
 
 
-class SeqSumLayer(Layer):
+class SeqSumLayer(Layer[SeqSumParams]):
     """Sequence numbers and a checksum on every datagram (``kind = "seqsum"``)."""
 
     name = "seqsum"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 
@@ -32,7 +33,7 @@ from stacklib.bench.result import Cell, Column, Result
 from stacklib.layers.ip.driver import IpLayer, IpParams
 from stacklib.layers.tcp.driver import TcpLayer, TcpParams, TcpStack
 from stacklib.services import UNetService
-from stacklib.stack import open_stack
+from stacklib.stack import Layer, open_stack
 from stacklib.transports.memory import MemoryNetwork
 from stacklib.unet import EndpointConfig, connect
 
@@ -118,8 +119,8 @@ async def stacklib_transfer(
     tcp = TcpParams(
         mss=mss, send_buffer=_WINDOW, receive_buffer=_WINDOW, seed=1, delayed_ack=delayed_ack
     )
-    layers_a = [IpLayer(IpParams(address=_A, peers={_B: ch_a})), TcpLayer(tcp)]
-    layers_b = [IpLayer(IpParams(address=_B, peers={_A: ch_b})), TcpLayer(tcp)]
+    layers_a: list[Layer[Any]] = [IpLayer(IpParams(address=_A, peers={_B: ch_a})), TcpLayer(tcp)]
+    layers_b: list[Layer[Any]] = [IpLayer(IpParams(address=_B, peers={_A: ch_b})), TcpLayer(tcp)]
     async with (
         open_stack(UNetService(ep_a), layers_a) as top_a,
         open_stack(UNetService(ep_b), layers_b) as top_b,

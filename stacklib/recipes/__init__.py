@@ -104,7 +104,7 @@ class Recipe:
     endpoint: EndpointConfig
     emulated: bool
     #: Each layer with node 0's parameters.
-    layers: tuple[tuple[type[Layer], Any], ...]
+    layers: tuple[tuple[type[Layer[Any]], Any], ...]
     workload: WorkloadKind
     workload_params: Any
     profile: CostProfile | None
@@ -114,13 +114,15 @@ class Recipe:
     #: Indices of the layers whose ``peers`` are filled from the channel table.
     auto_peers: frozenset[int] = frozenset()
 
-    def make_layers(self, node: int = 0, channels: Mapping[int, int] | None = None) -> list[Layer]:
+    def make_layers(
+        self, node: int = 0, channels: Mapping[int, int] | None = None
+    ) -> list[Layer[Any]]:
         """Fresh layer objects for node ``node``'s stack.
 
         ``channels`` maps every other node's index to the channel id that reaches it; layers in
         :attr:`auto_peers` get ``peers`` = {that node's ``address``: channel}.
         """
-        made: list[Layer] = []
+        made: list[Layer[Any]] = []
         for k, (cls, params) in enumerate(self.layers):
             if self.node_params:
                 if node >= len(self.node_params[k]):
@@ -197,7 +199,7 @@ def _expand_table(
     return expanded
 
 
-def _wants_peers(cls: type[Layer], params: Mapping[str, object]) -> bool:
+def _wants_peers(cls: type[Layer[Any]], params: Mapping[str, object]) -> bool:
     """Whether the layer's ``peers`` should be filled from the channel table."""
     names = {field.name for field in attrs.fields(cls.Params)} if attrs.has(cls.Params) else set()
     return {"address", "peers"} <= names and "peers" not in params
@@ -349,7 +351,7 @@ def parse_recipe(data: Mapping[str, object], where: str, path: Path | None = Non
 
 
 def _per_node(
-    layers: Sequence[tuple[type[Layer], Any]],
+    layers: Sequence[tuple[type[Layer[Any]], Any]],
     raw_params: Sequence[Mapping[str, object]],
     nodes: int,
     where: str,
@@ -466,7 +468,7 @@ async def _open_stacks(
 ) -> AsyncIterator[list[Service]]:
     """One stack per node over its bottom service, each with its own layer objects (node
     ``i``'s parameters, its channel table and its place), opened side by side."""
-    stacks: list[tuple[Service, list[Layer]]] = []
+    stacks: list[tuple[Service, list[Layer[Any]]]] = []
     for i, bottom in enumerate(bottoms):
         layers = recipe.make_layers(i, channels[i])
         placement = Placement(node=i, nodes=len(bottoms), channels=channels[i], cpu=cpus[i])

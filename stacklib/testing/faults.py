@@ -241,7 +241,7 @@ class FaultParams:
         return Faults(**attrs.asdict(self, recurse=False))
 
 
-class FaultLayer(Layer):
+class FaultLayer(Layer[FaultParams]):
     """A layer that puts faults on the datagrams sent through it (not registered for recipes:
     a testing tool).  Each :meth:`open` makes fresh :class:`Faults` from the parameters, so
     two nodes get the same decisions unless their seeds differ; ``opened`` lists the
@@ -251,8 +251,6 @@ class FaultLayer(Layer):
     requires = DatagramService
     provides = DatagramService
     Params = FaultParams
-
-    params: FaultParams
 
     def __init__(self, params: FaultParams | None = None) -> None:
         super().__init__(params)

@@ -42,7 +42,7 @@ class NodeStack:
     node: Node
 
 
-LayerSpec = Sequence[Layer] | Callable[[int], Sequence[Layer]]
+LayerSpec = Sequence[Layer[Any]] | Callable[[int], Sequence[Layer[Any]]]
 """The layers of each node: a list (each node gets its own shallow copies), or a function of
 the node index (0 or 1) that makes them."""
 
@@ -81,7 +81,7 @@ async def two_nodes(
         endpoints = list(made)
     if wrap is not None:
         bottoms = [wrap(index, bottom) for index, bottom in enumerate(bottoms)]
-    stacks: list[tuple[Service, Sequence[Layer]]] = []
+    stacks: list[tuple[Service, Sequence[Layer[Any]]]] = []
     simulated = isinstance(world, Simulation)
     for index, bottom in enumerate(bottoms):
         own = layers(index) if callable(layers) else [copy.copy(layer) for layer in layers]

@@ -224,15 +224,13 @@ class ArqService(ReliableService):
 
 
 @register_layer
-class ArqLayer(Layer):
+class ArqLayer(Layer[ArqParams]):
     """Stop-and-wait ARQ: makes a datagram service reliable (docs/writing-a-layer.md)."""
 
     name = "arq"
     requires = DatagramService
     provides = ReliableService
     Params = ArqParams
-
-    params: ArqParams
 
     @asynccontextmanager
     async def open(self, below: Service) -> AsyncIterator[ArqService]:

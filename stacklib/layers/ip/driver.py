@@ -708,15 +708,13 @@ def _run(stack: UNetIpStack | IpEtherStack) -> AbstractAsyncContextManager[Any]:
 
 
 @register_layer
-class IpLayer(Layer):
+class IpLayer(Layer[IpParams]):
     """IPv4 over U-Net: one channel per peer, MTU 9 KB, no send fragmentation (paper 000 §7)."""
 
     name = "ip"
     requires = DatagramService
     provides = IpService
     Params = IpParams
-
-    params: IpParams
 
     @asynccontextmanager
     async def open(self, below: Service) -> AsyncIterator[UNetIpStack]:
@@ -734,15 +732,13 @@ class IpLayer(Layer):
 
 
 @register_layer
-class IpEtherLayer(Layer):
+class IpEtherLayer(Layer[IpEtherParams]):
     """IPv4 with ARP over Ethernet frames (a TAP device): real hosts can ping it."""
 
     name = "ip-ether"
     requires = FrameService
     provides = IpService
     Params = IpEtherParams
-
-    params: IpEtherParams
 
     @asynccontextmanager
     async def open(self, below: Service) -> AsyncIterator[IpEtherStack]:

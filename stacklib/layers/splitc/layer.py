@@ -60,15 +60,13 @@ def default_channels(am: ActiveMessageService, rank: int) -> dict[int, int]:
 
 
 @register_layer
-class SplitcLayer(Layer):
+class SplitcLayer(Layer[SplitcParams]):
     """Split-C's global address space over Active Messages (docs/splitc.md)."""
 
     name = "splitc"
     requires = ActiveMessageService
     provides = SplitC
     Params = SplitcParams
-
-    params: SplitcParams
 
     def __init__(
         self,

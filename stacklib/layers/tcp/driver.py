@@ -1037,15 +1037,13 @@ def _world_rng(ip: IpService, params: TcpParams) -> random.Random:
 
 
 @register_layer
-class TcpLayer(Layer):
+class TcpLayer(Layer[TcpParams]):
     """TCP over IP (paper 000 §7.7-7.8), interoperable with the Linux kernel's TCP."""
 
     name = "tcp"
     requires = IpService
     provides = StreamService
     Params = TcpParams
-
-    params: TcpParams
 
     @asynccontextmanager
     async def open(self, below: Service) -> AsyncIterator[TcpStack]:

@@ -21,15 +21,13 @@ __all__ = ["UamLayer"]
 
 
 @register_layer
-class UamLayer(Layer):
+class UamLayer(Layer[UamParams]):
     """U-Net Active Messages: GAM 1.1, go-back-N, block stores and gets (docs/uam.md)."""
 
     name = "uam"
     requires = DatagramService
     provides = ActiveMessageService
     Params = UamParams
-
-    params: UamParams
 
     @asynccontextmanager
     async def open(self, below: Service) -> AsyncIterator[UamService]:

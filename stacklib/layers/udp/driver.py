@@ -455,15 +455,13 @@ class UdpStack(UdpService):
 
 
 @register_layer
-class UdpLayer(Layer):
+class UdpLayer(Layer[UdpParams]):
     """UDP over IP (paper 000 §7.6)."""
 
     name = "udp"
     requires = IpService
     provides = UdpService
     Params = UdpParams
-
-    params: UdpParams
 
     @asynccontextmanager
     async def open(self, below: Service) -> AsyncIterator[UdpStack]:
