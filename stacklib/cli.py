@@ -56,14 +56,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
-    import stacklib.layers  # noqa: F401  (layers register their PDU formats too)
     from stacklib.wire import registry
 
     if args.list or args.format is None:
-        for name, info in sorted(registry.formats().items()):
-            print(f"{name.ljust(16)}  {info.summary}")
+        for name, info in registry.formats().items():
+            source = registry.FORMATS.source(name)
+            origin = "" if source == "stacklib" else f"  [{source}]"
+            print(f"{name.ljust(16)}  {info.summary}{origin}")
         return 0
-    known = registry.formats()
+    known = registry.FORMATS
     if args.format not in known:
         raise ConfigError(
             "decode", args.format, f"unknown format (known: {', '.join(sorted(known))})"

@@ -16,7 +16,9 @@ from stacklib import builtin
 from stacklib.bench import WORKLOADS
 from stacklib.registry import Registry, RegistryError, UnknownName, load_object
 from stacklib.stack import LAYERS, Layer, layer_class, register_layer
+from stacklib.testing import check_format
 from stacklib.transports import TRANSPORTS
+from stacklib.wire.registry import FORMATS, decode, formats
 
 REPO = Path(__file__).resolve().parents[1]
 SEQSUM = REPO / "examples" / "seqsum"
@@ -60,6 +62,7 @@ def test_a_fresh_interpreter_sees_every_builtin_whatever_was_imported() -> None:
         ("LAYERS", "stacklib.stack:LAYERS"),
         ("TRANSPORTS", "stacklib.transports:TRANSPORTS"),
         ("WORKLOADS", "stacklib.bench:WORKLOADS"),
+        ("FORMATS", "stacklib.wire.registry:FORMATS"),
     ],
 )
 def test_the_builtin_table_names_the_module_that_registers_each_part(
@@ -171,12 +174,16 @@ def test_entry_points_add_parts_and_name_their_distribution(
 
         [stacklib.workloads]
         pingpong = this_is_shadowed:ByTheBuiltin
+
+        [stacklib.formats]
+        seqsum = seqsum_layer:FORMAT_INFO
         """,
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.syspath_prepend(str(SEQSUM))
     LAYERS.rescan()
     WORKLOADS.rescan()
+    FORMATS.rescan()
     try:
         assert {"seqsum", "misnamed", "broken"} <= set(LAYERS)  # listed without importing
         assert "seqsum_layer" not in sys.modules
@@ -189,13 +196,20 @@ def test_entry_points_add_parts_and_name_their_distribution(
         # A built-in name cannot be taken over by an entry point.
         assert WORKLOADS["pingpong"].run.__module__ == "stacklib.bench.pingpong"
         assert WORKLOADS.source("pingpong") == "stacklib"
+        # A format from an entry point decodes, lists and passes the conformance suite.
+        assert "seq: 7" in decode("seqsum", bytes.fromhex("00000007c462616263"))
+        assert "seqsum" in formats()
+        check_format("seqsum", max_examples=20)
     finally:
         LAYERS.unregister("seqsum")
+        FORMATS.unregister("seqsum")
         sys.modules.pop("seqsum_layer", None)
         monkeypatch.undo()
         LAYERS.rescan()
         WORKLOADS.rescan()
+        FORMATS.rescan()
     assert "seqsum" not in LAYERS
+    assert "seqsum" not in FORMATS
 
 
 @pytest.mark.slow
@@ -237,6 +251,19 @@ def test_a_layer_in_its_own_distribution_runs_from_a_recipe_through_the_cli(
     )
     assert refused.returncode == 2
     assert "no layer named 'seqsum'" in refused.stderr
+    # Its format is listed with the distribution it comes from, and decodes.
+    listed = subprocess.run(
+        [*command, "decode", "--list"], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert "seqsum" in listed.stdout and "[stacklib-seqsum]" in listed.stdout
+    decoded = subprocess.run(
+        [*command, "decode", "seqsum", "00000007c462616263"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert "sum: 0xc462" in decoded.stdout
 
 
 @pytest.mark.slow

@@ -328,7 +328,7 @@ def test_a_build_that_does_not_round_trip_fails_the_suite() -> None:
 def test_a_format_without_its_conformance_fields_is_refused() -> None:
     with pytest.raises(ValueError, match="strategy, error"):
         check_format(toy(strategy=None, error=None))
-    with pytest.raises(ValueError, match="unknown wire format 'nope'"):
+    with pytest.raises(KeyError, match="no format named 'nope'"):
         check_format("nope")
 
 

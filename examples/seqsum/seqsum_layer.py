@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import attrs
 import construct
@@ -28,6 +28,9 @@ from stacklib.errors import FormatError
 from stacklib.services import DatagramService, Service
 from stacklib.stack import Layer
 from stacklib.wire.registry import FormatInfo
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
 
 HEADER = construct.Struct("seq" / construct.Int32ub, "sum" / construct.Int16ub)
 HEADER_SIZE = HEADER.sizeof()
@@ -66,12 +69,25 @@ def parse(data: bytes) -> Datagram:
     return Datagram(header.seq, header.sum, bytes(data[HEADER_SIZE:]))
 
 
-#: For ``stacklib decode seqsum HEX`` (the ``stacklib.formats`` entry point).
+def datagrams() -> SearchStrategy[Datagram]:
+    """A hypothesis strategy of datagrams (hypothesis is imported only when called)."""
+    from hypothesis import strategies as st
+
+    return st.builds(
+        Datagram, st.integers(0, 0xFFFFFFFF), st.integers(0, 0xFFFF), st.binary(max_size=64)
+    )
+
+
+#: For ``stacklib decode seqsum HEX`` and the conformance suite
+#: (``stacklib.testing.check_format("seqsum")``): the ``stacklib.formats`` entry point.
 FORMAT_INFO = FormatInfo(
     name="seqsum",
     parse=parse,
     describe=lambda d: [("seq", d.seq), ("sum", f"0x{d.sum:04x}"), ("payload", d.payload)],
     summary="the seqsum example layer's datagram",
+    build=build,
+    strategy=datagrams,
+    error=SeqSumFormatError,
 )
 
 

@@ -32,7 +32,6 @@ from stacklib.testing.formats import (
     check_malformed,
     check_round_trip,
     format_names,
-    import_all_formats,
 )
 from stacklib.testing.link import SIDES, Link, Sent
 from stacklib.testing.nodes import NodeStack, run_virtual, two_nodes
@@ -54,7 +53,6 @@ __all__ = [
     "check_malformed",
     "check_round_trip",
     "format_names",
-    "import_all_formats",
     "invert_first_byte",
     "late_by",
     "run_virtual",

@@ -32,24 +32,14 @@ __all__ = [
     "check_malformed",
     "check_round_trip",
     "format_names",
-    "import_all_formats",
 ]
 
-#: Modules beyond :data:`stacklib.wire.registry.BUILTIN_MODULES` whose formats register at
-#: import: the layers' PDUs.
-LAYER_MODULES = ("stacklib.layers",)
 _MAX_RANDOM = 256  # bytes of random input per example
 
 
-def import_all_formats() -> None:
-    """Import every module that registers a format (the wire formats and every layer's)."""
-    registry.import_format_modules(LAYER_MODULES)
-
-
 def format_names(*, complete: bool = True) -> list[str]:
-    """The registered formats' names, sorted (after :func:`import_all_formats`); with
+    """The registered formats' names, sorted (stacklib's and installed distributions'); with
     ``complete`` only those with ``build``, ``strategy`` and ``error``."""
-    import_all_formats()
     known = registry.formats()
     return [name for name, info in known.items() if info.conformance_ready or not complete]
 
@@ -59,11 +49,7 @@ def _info(name: str | FormatInfo) -> FormatInfo:
         info: FormatInfo | None = name
         name = name.name
     else:
-        import_all_formats()
-        known = registry.formats()
-        info = known.get(name)
-        if info is None:
-            raise ValueError(f"unknown wire format {name!r}; known formats: {', '.join(known)}")
+        info = registry.FORMATS[name]
     assert info is not None
     missing = [field for field in ("build", "strategy", "error") if getattr(info, field) is None]
     if missing:

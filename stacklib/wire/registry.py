@@ -19,45 +19,37 @@ values (hypothesis stays a test-only dependency: the function imports it when ca
 ``error`` the one :class:`~stacklib.errors.FormatError` subclass ``parse`` may raise;
 ``equal(a, b)`` compares values where ``==`` does not (a class that compares by identity).
 
-This module imports no format module at import time (they import it).  The first call of
-:func:`formats` or :func:`decode` imports :data:`BUILTIN_MODULES`, skipping those that do not
-exist (yet).
+The formats live in one :class:`stacklib.registry.Registry` (:data:`FORMATS`): stacklib's own,
+declared in :mod:`stacklib.builtin` and imported when first asked for, and other distributions'
+through entry points in the ``stacklib.formats`` group (an entry point names a
+:class:`FormatInfo`).  This module imports no format module at import time (they import it).
 """
 
 from __future__ import annotations
 
 import enum
-import importlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
 
+from stacklib import builtin
 from stacklib.errors import FormatError
+from stacklib.registry import Registry
 
 __all__ = [
-    "BUILTIN_MODULES",
+    "FORMATS",
     "Field",
     "FormatInfo",
-    "Registry",
     "decode",
     "formats",
     "hex_preview",
-    "import_format_modules",
     "register",
     "render",
 ]
 
 Field = tuple[str, object]
 """A ``(label, value)`` pair of a described value; a ``list`` of them as value nests a block."""
-
-BUILTIN_MODULES: tuple[str, ...] = (
-    "stacklib.wire.unet_eth",
-    "stacklib.wire.descriptor",
-    "stacklib.wire.atm",
-    "stacklib.wire.aal5",
-)
-"""Modules whose formats :func:`formats` and :func:`decode` make available."""
 
 PREVIEW_BYTES = 32  #: bytes shown in hex by :func:`hex_preview`
 
@@ -116,79 +108,18 @@ def render(fields: Iterable[Field], indent: int = 1) -> list[str]:
     return lines
 
 
-class Registry:
-    """A name -> :class:`FormatInfo` table; the module functions use one shared instance."""
-
-    def __init__(self) -> None:
-        self._formats: dict[str, FormatInfo] = {}
-
-    def register(
-        self,
-        name: str,
-        parse: Callable[[bytes], Any],
-        describe: Callable[[Any], Iterable[Field]],
-        summary: str,
-        *,
-        replace: bool = False,
-        build: Callable[[Any], bytes] | None = None,
-        strategy: Callable[[], Any] | None = None,
-        error: type[FormatError] | None = None,
-        equal: Callable[[Any, Any], bool] | None = None,
-    ) -> FormatInfo:
-        """Add a format; a name already taken raises ValueError unless ``replace``."""
-        if name in self._formats and not replace:
-            raise ValueError(f"wire format {name!r} is already registered")
-        if error is not None and not (isinstance(error, type) and issubclass(error, FormatError)):
-            raise ValueError(f"wire format {name!r}: error must be a FormatError subclass")
-        info = FormatInfo(name, parse, describe, summary, build, strategy, error, equal)
-        self._formats[name] = info
-        return info
-
-    def formats(self) -> dict[str, FormatInfo]:
-        """A copy of the table, sorted by name."""
-        return dict(sorted(self._formats.items()))
-
-    def decode(self, name: str, data: bytes) -> str:
-        """Parse ``data`` as format ``name`` and render it (first line: name and size).
-
-        An unknown name raises ValueError listing the known ones; malformed bytes raise the
-        format's FormatError.
-        """
-        info = self._formats.get(name)
-        if info is None:
-            known = ", ".join(sorted(self._formats)) or "none"
-            raise ValueError(f"unknown wire format {name!r}; known formats: {known}")
-        value = info.parse(data)
-        return "\n".join([f"{name}: {len(data)} bytes", *render(info.describe(value))])
+def _accept_format(obj: object) -> FormatInfo | None:
+    return obj if isinstance(obj, FormatInfo) else None
 
 
-def import_format_modules(modules: Iterable[str]) -> tuple[str, ...]:
-    """Import ``modules`` (which register their formats); return those imported.
-
-    A module that does not exist is skipped; any other import failure, including a missing
-    module imported *by* one of them, propagates.
-    """
-    imported: list[str] = []
-    for module in modules:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
-            continue
-        imported.append(module)
-    return tuple(imported)
-
-
-_DEFAULT = Registry()
-_loaded = False
-
-
-def _ensure_loaded() -> None:
-    global _loaded
-    if not _loaded:
-        import_format_modules(BUILTIN_MODULES)
-        _loaded = True  # only after success: a broken module keeps failing loudly, not silently
+#: Every wire format by name (stacklib's and those of installed distributions).
+FORMATS: Registry[FormatInfo] = Registry(
+    "format",
+    builtin=builtin.FORMATS,
+    name_of=lambda info: info.name,
+    accept=_accept_format,
+    expected="a FormatInfo",
+)
 
 
 def register(
@@ -197,33 +128,31 @@ def register(
     describe: Callable[[Any], Iterable[Field]],
     summary: str,
     *,
-    replace: bool = False,
     build: Callable[[Any], bytes] | None = None,
     strategy: Callable[[], Any] | None = None,
     error: type[FormatError] | None = None,
     equal: Callable[[Any, Any], bool] | None = None,
 ) -> FormatInfo:
-    """Register a format in the shared registry (format modules call this at import)."""
-    return _DEFAULT.register(
-        name,
-        parse,
-        describe,
-        summary,
-        replace=replace,
-        build=build,
-        strategy=strategy,
-        error=error,
-        equal=equal,
+    """Register a format (format modules call this at import); a name already taken by
+    another format raises :class:`~stacklib.registry.RegistryError`."""
+    if error is not None and not (isinstance(error, type) and issubclass(error, FormatError)):
+        raise ValueError(f"wire format {name!r}: error must be a FormatError subclass")
+    return FORMATS.register(
+        FormatInfo(name, parse, describe, summary, build, strategy, error, equal)
     )
 
 
 def formats() -> dict[str, FormatInfo]:
-    """All formats of the shared registry, by name, after importing :data:`BUILTIN_MODULES`."""
-    _ensure_loaded()
-    return _DEFAULT.formats()
+    """Every format by name, sorted, importing the modules that register them."""
+    return dict(sorted(FORMATS.load_all().items()))
 
 
 def decode(name: str, data: bytes) -> str:
-    """Parse ``data`` as format ``name`` and return indented ``label: value`` lines."""
-    _ensure_loaded()
-    return _DEFAULT.decode(name, data)
+    """Parse ``data`` as format ``name`` and render it (first line: name and size).
+
+    An unknown name raises :class:`~stacklib.registry.UnknownName` listing the known ones;
+    malformed bytes raise the format's FormatError.
+    """
+    info = FORMATS[name]
+    value = info.parse(data)
+    return "\n".join([f"{name}: {len(data)} bytes", *render(info.describe(value))])

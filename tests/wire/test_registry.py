@@ -5,10 +5,10 @@ from __future__ import annotations
 import enum
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
+from stacklib.registry import RegistryError, UnknownName
 from stacklib.wire import registry
 from stacklib.wire.descriptor import DescriptorFormatError, Fragment, SendDescriptor, build_send
 from stacklib.wire.unet_eth import UNetEthFormatError, UNetFrame, build, mac
@@ -61,47 +61,45 @@ def test_decode_propagates_the_format_error() -> None:
 
 
 def test_unknown_format_names_the_known_ones() -> None:
-    with pytest.raises(ValueError, match=r"unknown wire format 'nope'.*unet-eth") as info:
+    with pytest.raises(UnknownName, match=r"no format named 'nope' \(known formats: .*unet-eth"):
         registry.decode("nope", b"")
-    assert not isinstance(info.value, KeyError)
 
 
 class Colour(enum.IntEnum):
     RED = 1
 
 
-def test_isolated_registry_register_render_and_duplicates() -> None:
-    reg = registry.Registry()
-    with pytest.raises(ValueError, match="known formats: none"):
-        reg.decode("toy", b"")
-    reg.register(
-        "toy",
-        lambda data: data,
-        lambda value: [
+def test_register_render_and_duplicates() -> None:
+    def describe(value: bytes) -> list[registry.Field]:
+        return [
             ("colour", Colour.RED),
             ("missing", None),
             ("raw", value),
             ("block", [("inner", 1), ("deeper", [("x", "y")])]),
-        ],
-        "a toy format",
-    )
-    assert reg.decode("toy", b"\x01\x02") == textwrap.dedent(
-        """\
-        toy: 2 bytes
-          colour: RED
-          missing: none
-          raw: 2 bytes: 0102
-          block:
-            inner: 1
-            deeper:
-              x: y"""
-    )
-    with pytest.raises(ValueError, match="already registered"):
-        reg.register("toy", bytes, list, "again")
-    reg.register("toy", bytes, lambda value: [("n", len(value))], "again", replace=True)
-    assert reg.decode("toy", b"abc") == "toy: 3 bytes\n  n: 3"
-    assert list(reg.formats()) == ["toy"]
-    assert "toy" not in registry.formats()  # the shared registry is untouched
+        ]
+
+    toy = registry.register("test-toy", bytes, describe, "a toy format")
+    try:
+        assert registry.decode("test-toy", b"\x01\x02") == textwrap.dedent(
+            """\
+            test-toy: 2 bytes
+              colour: RED
+              missing: none
+              raw: 2 bytes: 0102
+              block:
+                inner: 1
+                deeper:
+                  x: y"""
+        )
+        assert registry.FORMATS.source("test-toy") == "run time"
+        with pytest.raises(RegistryError, match="format name 'test-toy' is taken"):
+            registry.register("test-toy", bytes, list, "again")
+        assert registry.FORMATS["test-toy"] is toy
+        with pytest.raises(ValueError, match="error must be a FormatError subclass"):
+            registry.register("test-bad", bytes, list, "bad", error=ValueError)  # type: ignore[arg-type]
+    finally:
+        registry.FORMATS.unregister("test-toy")
+    assert "test-toy" not in registry.formats()
 
 
 def test_hex_preview() -> None:
@@ -109,27 +107,6 @@ def test_hex_preview() -> None:
     assert registry.hex_preview(b"\xab\xcd") == "2 bytes: abcd"
     assert registry.hex_preview(bytes(5), limit=2) == "5 bytes: 0000..."
     assert registry.hex_preview(bytes(32)) == "32 bytes: " + "00" * 32
-
-
-def test_import_format_modules_skips_missing_modules_only(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    assert registry.import_format_modules(["stacklib.wire.no_such_format_xyz"]) == ()
-    assert registry.import_format_modules(["stacklib.wire.unet_eth"]) == ("stacklib.wire.unet_eth",)
-    (tmp_path / "broken_format_xyz.py").write_text("import no_such_dependency_xyz\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "broken_format_xyz", raising=False)
-    with pytest.raises(ModuleNotFoundError, match="no_such_dependency_xyz"):
-        registry.import_format_modules(["broken_format_xyz"])
-
-
-def test_builtin_module_list() -> None:
-    assert registry.BUILTIN_MODULES == (
-        "stacklib.wire.unet_eth",
-        "stacklib.wire.descriptor",
-        "stacklib.wire.atm",
-        "stacklib.wire.aal5",
-    )
 
 
 def test_registry_imports_no_format_module() -> None:
