@@ -43,7 +43,7 @@ def test_after_close_send_raises_and_async_for_ends(stack: str) -> None:
             top = a.service
             assert isinstance(top, DatagramService)
             await top.send(a.peer, b"before")
-            peer, data = await b.service.recv()  # type: ignore[attr-defined]
+            _, data = await b.service.recv()  # type: ignore[attr-defined]
             seen["delivered"] = data
         if stack == "unet":  # no layer: raw U-Net closes with its endpoint
             assert a.endpoint is not None
