@@ -18,7 +18,7 @@ import argparse
 import importlib
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from stacklib import __version__
@@ -201,22 +201,15 @@ def _wall_clock_options(b: argparse.ArgumentParser, repeat: int) -> None:
     b.set_defaults(func=cmd_bench)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="stacklib",
-        description=(
-            "Composable user-level network protocol stacks: U-Net, its network interfaces "
-            "and protocols, simulated in virtual time and run for real."
-        ),
-        epilog="Docs: README.md and docs/ in the source tree.",
-    )
-    parser.add_argument("--version", action="version", version=f"stacklib {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
+def _add_list(commands: argparse._SubParsersAction[Any]) -> None:
+    """``stacklib list``."""
     p = commands.add_parser("list", help="list the recipes with a one-line description each")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_list)
 
+
+def _add_run(commands: argparse._SubParsersAction[Any]) -> None:
+    """``stacklib run``."""
     p = commands.add_parser(
         "run",
         help="run a recipe's workload and print its results",
@@ -234,6 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_run)
 
+
+def _add_decode(commands: argparse._SubParsersAction[Any]) -> None:
+    """``stacklib decode``."""
     p = commands.add_parser(
         "decode",
         help="pretty-print a frame or descriptor given in hex",
@@ -245,6 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="list the known formats")
     p.set_defaults(func=cmd_decode)
 
+
+def _add_bench(commands: argparse._SubParsersAction[Any]) -> None:
+    """``stacklib bench`` and its benchmarks."""
     p = commands.add_parser(
         "bench",
         help="benchmarks of stacklib's own speed (wall clock)",
@@ -346,6 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
         b.add_argument("--json", action="store_true", help="print JSON")
         b.set_defaults(func=cmd_bench)
 
+
+def _add_reproduce(commands: argparse._SubParsersAction[Any]) -> None:
+    """``stacklib reproduce``."""
     p = commands.add_parser(
         "reproduce",
         help="run the papers' experiments and print paper vs measured",
@@ -368,6 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plots", metavar="DIR", help="also draw plots into DIR (needs matplotlib)")
     p.set_defaults(func=cmd_reproduce)
 
+
+def _add_spawn(commands: argparse._SubParsersAction[Any]) -> None:
+    """``stacklib spawn``."""
     p = commands.add_parser(
         "spawn",
         help="start N ranks of a program on this host, connected over shm",
@@ -384,6 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("args", metavar="ARGS", nargs=argparse.REMAINDER, help="its arguments")
     p.set_defaults(func=cmd_spawn)
 
+
+def _add_daemon(commands: argparse._SubParsersAction[Any]) -> None:
+    """``stacklib daemon`` (its options come from the daemon package)."""
     from stacklib.daemon import build_parser as daemon_options
     from stacklib.daemon import cmd_daemon
 
@@ -397,15 +405,101 @@ def build_parser() -> argparse.ArgumentParser:
     daemon_options(p)
     p.set_defaults(func=cmd_daemon)
 
-    from stacklib.commands import MODULES
 
-    for name in MODULES:
-        importlib.import_module(name).add_commands(commands)
+#: Every subcommand: its line in ``stacklib --help`` and the function (``module:name``) that
+#: adds its parser.  Only the chosen command's function runs, so ``stacklib --help`` and
+#: ``stacklib run ...`` import nothing of the parts they do not use.  A function may add
+#: several commands (``trace`` and ``tlbsim``); a part with commands of its own keeps them in
+#: ``stacklib/commands/<part>.py``.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "list": ("list the recipes with a one-line description each", "stacklib.cli:_add_list"),
+    "run": ("run a recipe's workload and print its results", "stacklib.cli:_add_run"),
+    "decode": ("pretty-print a frame or descriptor given in hex", "stacklib.cli:_add_decode"),
+    "bench": ("benchmarks of stacklib's own speed (wall clock)", "stacklib.cli:_add_bench"),
+    "reproduce": (
+        "run the papers' experiments and print paper vs measured",
+        "stacklib.cli:_add_reproduce",
+    ),
+    "spawn": (
+        "start N ranks of a program on this host, connected over shm",
+        "stacklib.cli:_add_spawn",
+    ),
+    "daemon": (
+        "run the U-Net OS service daemon (shm channel set-up, SO_PEERCRED, SCM_RIGHTS)",
+        "stacklib.cli:_add_daemon",
+    ),
+    "splitc": (
+        "Split-C over UAM: run the benchmark programs of paper 000 §6 / paper 003 §5",
+        "stacklib.commands.splitc:add_commands",
+    ),
+    "libraries": (
+        "the five Myrinet libraries of paper 004: Tables 1-3, Fig 2, LogP",
+        "stacklib.commands.myrinet:add_commands",
+    ),
+    "trace": (
+        "record or show buffer traces (U-Net/MM, paper 002 §6.2)",
+        "stacklib.commands.mm:add_commands",
+    ),
+    "tlbsim": (
+        "replay buffer traces through NI TLBs (paper 002 §6.2, Fig 3)",
+        "stacklib.commands.mm:add_commands",
+    ),
+    "compile": (
+        "compile the simulator's hot modules with mypyc (optional; stacklib[fast])",
+        "stacklib.commands.compile:add_commands",
+    ),
+}
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The ``stacklib`` parser.  Given the command line ``argv``, only the command it names
+    gets its full parser (the others are listed by name and help); without ``argv``, every
+    command does."""
+    parser = argparse.ArgumentParser(
+        prog="stacklib",
+        description=(
+            "Composable user-level network protocol stacks: U-Net, its network interfaces "
+            "and protocols, simulated in virtual time and run for real."
+        ),
+        epilog="Docs: README.md and docs/ in the source tree.",
+    )
+    parser.add_argument("--version", action="version", version=f"stacklib {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    chosen = _chosen_command(argv) if argv is not None else None
+    added: set[str] = set()
+    for name, (summary, target) in COMMANDS.items():
+        if name in added:
+            continue
+        if argv is None or name == chosen or (chosen is not None and COMMANDS[chosen][1] == target):
+            before = set(commands.choices)
+            _load(target)(commands)
+            added |= set(commands.choices) - before
+        else:
+            commands.add_parser(name, help=summary)
+            added.add(name)
     return parser
 
 
+def _chosen_command(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names: its first word that is not an option."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word if word in COMMANDS else None
+    return None
+
+
+def _load(target: str) -> Callable[[argparse._SubParsersAction[Any]], None]:
+    module, _, function = target.partition(":")
+    add: Callable[[argparse._SubParsersAction[Any]], None] = getattr(
+        importlib.import_module(module), function
+    )
+    return add
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
         status: int = args.func(args)
