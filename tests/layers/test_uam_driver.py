@@ -25,7 +25,13 @@ from stacklib.errors import (
 from stacklib.experiments import uam as experiments
 from stacklib.layers.uam import LeanPath, UamLayer, UamParams, UamService
 from stacklib.recipes import load_recipe, parse_recipe, run_recipe
-from stacklib.services import DatagramService, ReliableService, StreamService, UNetService
+from stacklib.services import (
+    ActiveMessageService,
+    DatagramService,
+    ReliableService,
+    StreamService,
+    UNetService,
+)
 from stacklib.sim import Simulation
 from stacklib.stack import layer_class, open_stack
 from stacklib.testing import Faults, FaultyService
@@ -402,7 +408,7 @@ def test_store_and_get_over_fast_ethernet_use_smaller_chunks() -> None:
 async def test_assembly_and_registration() -> None:
     assert layer_class("uam") is UamLayer
     assert UamLayer.requires is DatagramService
-    assert UamLayer.provides is ReliableService
+    assert UamLayer.provides is ActiveMessageService
 
     class Streams(StreamService):
         async def connect(self, peer: int) -> trio.abc.HalfCloseableStream:
