@@ -183,6 +183,7 @@ def test_live_falls_back_to_lines_without_a_terminal() -> None:
     assert len(lines) == 1 and lines[0].startswith("[1/1] ssortlg FE 2 nodes: ")
 
 
+@pytest.mark.slow
 def test_the_full_experiment_runs_all_36_cells_through_the_runner(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
