@@ -25,7 +25,7 @@ from stacklib.reproduce import run_experiments
 
 REPO = Path(__file__).resolve().parents[1]
 #: The experiments that take more than a few seconds (measured with --durations).
-SLOW = {"uam", "mm-fig3", "myrinet", "splitc", "tcpip"}
+SLOW = {"mm-fig3", "myrinet", "splitc"}
 
 
 def _experiments() -> list[object]:
