@@ -171,3 +171,23 @@ def test_layers_import_downward(low: str, high: str) -> None:
         if target == high or target.startswith(high + ".")
     ]
     assert not upward
+
+
+def test_only_the_reporting_plots_import_matplotlib() -> None:
+    """Plotting lives in stacklib/reporting/plots/ alone, so matplotlib stays an optional
+    extra that experiments, U-Net and the commands never import (lazy imports included)."""
+    drawing = []
+    for name, path in _modules().items():
+        if name.startswith("stacklib.reporting.plots") or name == "stacklib.reporting.optional":
+            continue  # the plots, and the check whether matplotlib is there
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for node in ast.walk(tree):
+            modules = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            drawing += [name for module in modules if module.split(".")[0] == "matplotlib"]
+    assert drawing == []
