@@ -23,6 +23,7 @@ def stacklib(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]
     )
 
 
+@pytest.mark.slow
 def test_help_lists_every_command() -> None:
     out = stacklib("--help").stdout
     for command in ("list", "run", "decode", "bench", "reproduce"):

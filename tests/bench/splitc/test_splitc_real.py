@@ -46,6 +46,7 @@ def test_real_ranks_run_the_compiled_copy_unless_pure(
     assert "ranks run the pure Python modules\n" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_pure_run_over_shm(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["splitc", "run", "rsortsm", "--transport", "shm", "--small", "--pure"]
     assert cli_main(argv) == 0

@@ -27,6 +27,7 @@ class FakeClock:
         return self.now
 
 
+@pytest.mark.slow
 def test_parallel_gives_the_serial_numbers() -> None:
     sizes = {**SMALL, "rsortsm": (64,)}
     cells = experiment.suite(("rsortsm", "mm16", "ssortlg"), ("atm", "fe"), (2, 4), sizes)
