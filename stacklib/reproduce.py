@@ -1,101 +1,46 @@
 """``stacklib reproduce``: the papers' experiments, paper value vs measured value.
 
-Experiments register here with the figures they reproduce; each figure carries the paper's
-value, where it comes from, and a tolerance.  Running them prints a table per experiment and the
-deviation of every figure, and the exit status is 1 if any figure is outside its tolerance.
-See docs/reproduction.md.
+The runner, above the experiments: it loads them (they register in
+:mod:`stacklib.reporting.figures` when :mod:`stacklib.experiments` is imported), runs each
+selected one once, prints a table per experiment with the deviation of every figure, and draws
+the plots from the same results (``--plots``: nothing is simulated twice).  The exit status is
+1 if any figure is outside its tolerance.  See docs/reproduction.md.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Any, TextIO
 
-import attrs
+from stacklib.reporting import figures as registry
+from stacklib.reporting.figures import (
+    EXPERIMENTS,
+    Experiment,
+    ExperimentResult,
+    Figure,
+    register_experiment,
+)
+from stacklib.reporting.optional import matplotlib_missing
+from stacklib.reporting.tables import format_figures, json_entry, json_report
 
-from stacklib.commands._common import matplotlib_missing
-
-
-@attrs.frozen
-class Figure:
-    """One number the paper states and the value measured for it."""
-
-    name: str
-    paper: float
-    measured: float
-    unit: str
-    cite: str
-    #: Allowed relative deviation (0.10 = 10%).
-    tolerance: float = 0.10
-    #: The paper states a floor ("at least"): only falling short by more than the tolerance
-    #: counts; exceeding it is reported, not failed.
-    at_least: bool = False
-
-    @property
-    def deviation(self) -> float:
-        """Relative deviation of the measured value from the paper's."""
-        return (self.measured - self.paper) / self.paper if self.paper else 0.0
-
-    @property
-    def ok(self) -> bool:
-        if self.at_least:
-            return self.deviation >= -self.tolerance
-        return abs(self.deviation) <= self.tolerance
-
-
-@attrs.frozen
-class Experiment:
-    """A registered experiment: a name, what it reproduces, and the function that runs it."""
-
-    name: str
-    title: str
-    run: Callable[[], Sequence[Figure]]
-    #: Whether a plain ``stacklib reproduce`` runs it.  An experiment that takes minutes, or
-    #: whose calibration is still in progress, runs only when named (``--only NAME``) or with
-    #: ``--all``; ``note`` says why, and the default run lists it at the end.
-    default: bool = True
-    note: str = ""
-    #: The experiment at the papers' full sizes, where the default run is scaled down to keep
-    #: ``stacklib reproduce`` quick (``--full``); None when the default run is already full.
-    run_full: Callable[[], Sequence[Figure]] | None = None
-
-
-EXPERIMENTS: dict[str, Experiment] = {}
-
-
-def register_experiment(experiment: Experiment) -> Experiment:
-    """Add an experiment to ``stacklib reproduce``."""
-    EXPERIMENTS[experiment.name] = experiment
-    return experiment
+# Figure, Experiment, EXPERIMENTS, register_experiment and format_figures were defined here
+# before stacklib.reporting; they stay importable from this module.
+__all__ = [
+    "EXPERIMENTS",
+    "Experiment",
+    "ExperimentResult",
+    "Figure",
+    "format_figures",
+    "register_experiment",
+    "run_experiments",
+]
 
 
 def _load_builtin() -> None:
     # Experiments register when their modules are imported.
     import stacklib.experiments  # noqa: F401
-
-
-def format_figures(title: str, figures: Sequence[Figure]) -> str:
-    """A paper-vs-measured table."""
-    headings = ("figure", "paper", "measured", "deviation", "tolerance", "source")
-    rows = [
-        (
-            f.name,
-            f"{f.paper:g} {f.unit}",
-            f"{f.measured:.4g} {f.unit}",
-            f"{f.deviation:+.1%}",
-            (f"≥ -{f.tolerance:.0%}" if f.at_least else f"±{f.tolerance:.0%}")
-            + ("" if f.ok else "  OUTSIDE"),
-            f.cite,
-        )
-        for f in figures
-    ]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headings)]
-    lines = [title, "  ".join(h.ljust(w) for h, w in zip(headings, widths, strict=True))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
-    return "\n".join(lines)
 
 
 def run_experiments(
@@ -108,20 +53,22 @@ def run_experiments(
     """Run the selected experiments, print the results; 1 if a figure is out of tolerance.
 
     ``only`` names experiments to run; otherwise the default ones run (all of them with
-    ``everything``).  ``full`` runs scaled experiments at the papers' sizes instead.
+    ``everything``).  ``full`` runs scaled experiments at the papers' sizes instead.  ``plots``
+    is a directory to draw the plots of the experiments that ran into, from their results.
     """
     _load_builtin()
     # Fail before the runs, not after them.
     if plots is not None and matplotlib_missing("reproduce", "--plots"):
         return 2
-    selected = [e for e in EXPERIMENTS.values() if e.default or everything]
-    skipped = [e for e in EXPERIMENTS.values() if e not in selected]
+    known = registry.EXPERIMENTS
+    selected = [e for e in known.values() if e.default or everything]
+    skipped = [e for e in known.values() if e not in selected]
     if only:
-        unknown = [name for name in only if name not in EXPERIMENTS]
+        unknown = [name for name in only if name not in known]
         if unknown:
-            known = ", ".join(sorted(EXPERIMENTS)) or "none yet"
-            raise KeyError(f"no experiment named {unknown[0]!r} (known: {known})")
-        selected = [EXPERIMENTS[name] for name in only]
+            names = ", ".join(sorted(known)) or "none yet"
+            raise KeyError(f"no experiment named {unknown[0]!r} (known: {names})")
+        selected = [known[name] for name in only]
         skipped = []
     if not selected:
         print(
@@ -131,32 +78,24 @@ def run_experiments(
         )
         return 0
     failures = 0
-    report = []
+    report: list[dict[str, Any]] = []
+    results: dict[str, ExperimentResult] = {}
     progress = sys.stderr.isatty() and not as_json
     for index, experiment in enumerate(selected, 1):
         if progress:
             print(f"[{index}/{len(selected)}] {experiment.name} ...", end="\r", file=sys.stderr)
         start = time.perf_counter()
-        run = experiment.run_full if full and experiment.run_full is not None else experiment.run
-        figures = list(run())
+        result = experiment.result(full=full, curves=plots is not None)
         wall = time.perf_counter() - start
-        failures += sum(not f.ok for f in figures)
+        results[experiment.name] = result
+        failures += sum(not f.ok for f in result.figures)
         if as_json:
-            report.append(
-                {
-                    "name": experiment.name,
-                    "title": experiment.title,
-                    "wall_seconds": wall,
-                    "figures": [
-                        {**attrs.asdict(f), "deviation": f.deviation, "ok": f.ok} for f in figures
-                    ],
-                }
-            )
+            report.append(json_entry(experiment.name, experiment.title, wall, result))
         else:
-            print(format_figures(f"{experiment.title}  [{wall:.1f} s]", figures))
+            print(format_figures(f"{experiment.title}  [{wall:.1f} s]", result.figures))
             print()
     if as_json:
-        print(json.dumps(report, indent=2))
+        print(json_report(report))
     elif failures:
         print(f"{failures} figure(s) outside tolerance")
     scaled = [e.name for e in selected if e.run_full is not None and not full]
@@ -167,14 +106,22 @@ def run_experiments(
         for experiment in skipped:
             print(f"  {experiment.name}: {experiment.title}. {experiment.note}")
     if plots is not None:
-        from stacklib.plots import draw_figures
-
-        start = time.perf_counter()
-        written = draw_figures(plots)
-        wall = time.perf_counter() - start
-        # Keep stdout valid JSON with --json: the list of plots goes to stderr then.
-        out = sys.stderr if as_json else sys.stdout
-        print(f"plots written to {plots}  [{wall:.1f} s]", file=out)
-        for path in written:
-            print(f"  {path}", file=out)
+        _draw(plots, results, sys.stderr if as_json else sys.stdout)
     return 1 if failures else 0
+
+
+def _draw(directory: str, results: dict[str, ExperimentResult], out: TextIO) -> None:
+    """Draw the plots of ``results`` (no runs) and list the files; with ``--json`` ``out`` is
+    stderr, to keep stdout valid JSON."""
+    from stacklib.reporting.plots import draw_results
+
+    start = time.perf_counter()
+    written, missing = draw_results(directory, results)
+    wall = time.perf_counter() - start
+    print(f"plots written to {directory}  [{wall:.1f} s]", file=out)
+    for path in written:
+        print(f"  {path}", file=out)
+    if missing:
+        print("Not drawn (their experiments did not run):", file=out)
+        for plot in missing:
+            print(f"  {plot.file}: needs {', '.join(plot.needs)}", file=out)

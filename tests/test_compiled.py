@@ -139,6 +139,7 @@ def test_compile_path_says_when_there_is_no_copy(
     assert main(["compile", "--clean"]) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     importlib.util.find_spec("mypyc") is None, reason="mypyc (stacklib[fast]) is not installed"
 )

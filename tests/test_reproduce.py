@@ -1,69 +1,224 @@
-"""``stacklib reproduce``'s selection: default experiments, named ones, and --all."""
+"""``stacklib reproduce``: every experiment's figures within tolerance (in this process, one
+test per experiment), the runner's selection, and plots drawn from the runs' own results."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
+import stacklib.experiments  # noqa: F401  (registers the experiments)
 from stacklib import reproduce
-from stacklib.reproduce import Experiment, Figure, register_experiment, run_experiments
+from stacklib.reporting import figures as registry
+from stacklib.reporting.figures import (
+    EXPERIMENTS,
+    Experiment,
+    ExperimentResult,
+    Figure,
+    register_experiment,
+)
+from stacklib.reproduce import run_experiments
+
+REPO = Path(__file__).resolve().parents[1]
+#: The experiments that take more than a few seconds (measured with --durations).
+SLOW = {"mm-fig3", "myrinet", "splitc"}
+
+
+def _experiments() -> list[object]:
+    return [
+        pytest.param(name, marks=[pytest.mark.slow] if name in SLOW else [])
+        for name, experiment in EXPERIMENTS.items()
+        if experiment.default
+    ]
+
+
+def test_every_default_experiment_is_tested() -> None:
+    names = {e.name for e in EXPERIMENTS.values() if e.default}
+    assert names >= {"sba100", "sba200", "tcpip", "uam", "mm", "myrinet", "splitc"}
+    assert names >= SLOW
+
+
+@pytest.mark.parametrize("name", _experiments())
+def test_experiment_figures_are_within_tolerance(name: str) -> None:
+    result = EXPERIMENTS[name].result()
+    assert result.figures
+    outside = [
+        f"{f.name}: {f.measured:.4g} vs {f.paper:g} {f.unit}" for f in result.figures if not f.ok
+    ]
+    assert not outside, outside
+
+
+# ------------------------------------------------------------------------ the runner's selection
 
 
 @pytest.fixture
-def only_test_experiments(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """Two registered experiments, one run by default and one only when named; the runs."""
-    ran: list[str] = []
-    monkeypatch.setattr(reproduce, "EXPERIMENTS", {})
+def registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., list[str]]]:
+    """An empty experiment list (the built-in experiments are not loaded); calling the
+    fixture registers a test experiment and returns the list of runs."""
+    monkeypatch.setattr(registry, "EXPERIMENTS", {})
     monkeypatch.setattr(reproduce, "_load_builtin", lambda: None)
+    ran: list[str] = []
 
-    def experiment(name: str, default: bool, ok: bool) -> None:
+    def experiment(name: str, default: bool = True, ok: bool = True, **more: object) -> list[str]:
         def run() -> list[Figure]:
             ran.append(name)
             return [Figure(name, 10.0, 10.0 if ok else 20.0, "us", "test")]
 
-        register_experiment(Experiment(name, f"{name} title", run, default, "why not default"))
+        register_experiment(Experiment(name, f"{name} title", run, default, "why not", **more))  # type: ignore[arg-type]
+        return ran
 
-    experiment("quick", default=True, ok=True)
-    experiment("long", default=False, ok=False)
-    yield ran
+    yield experiment
 
 
 def test_default_run_skips_and_lists_the_others(
-    only_test_experiments: list[str], capsys: pytest.CaptureFixture[str]
+    registered: Callable[..., list[str]], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    registered("quick")
+    ran = registered("long", default=False, ok=False)
     assert run_experiments() == 0
-    assert only_test_experiments == ["quick"]
+    assert ran == ["quick"]
     out = capsys.readouterr().out
     assert "Not run by default" in out
-    assert "long: long title. why not default" in out
+    assert "long: long title. why not" in out
 
 
-def test_named_and_all_runs_include_them(only_test_experiments: list[str]) -> None:
+def test_named_and_all_runs_include_them(registered: Callable[..., list[str]]) -> None:
+    registered("quick")
+    ran = registered("long", default=False, ok=False)
     assert run_experiments(only=["long"]) == 1
-    assert only_test_experiments == ["long"]
+    assert ran == ["long"]
     assert run_experiments(everything=True) == 1
-    assert only_test_experiments == ["long", "quick", "long"]
+    assert ran == ["long", "quick", "long"]
+
+
+def test_an_unknown_name_is_refused_with_the_known_ones(
+    registered: Callable[..., list[str]],
+) -> None:
+    registered("quick")
+    with pytest.raises(KeyError, match="no experiment named 'nope' \\(known: quick\\)"):
+        run_experiments(only=["nope"])
 
 
 def test_full_runs_the_papers_sizes_where_an_experiment_is_scaled(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    registered: Callable[..., list[str]], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(reproduce, "EXPERIMENTS", {})
-    monkeypatch.setattr(reproduce, "_load_builtin", lambda: None)
     ran: list[str] = []
-
-    def scaled() -> list[Figure]:
-        ran.append("scaled")
-        return [Figure("x", 1.0, 1.0, "s", "test")]
 
     def full() -> list[Figure]:
         ran.append("full")
         return [Figure("x", 1.0, 1.0, "s", "test")]
 
-    register_experiment(Experiment("sized", "sized", scaled, run_full=full))
+    ran_scaled = registered("sized", run_full=full)
     assert run_experiments() == 0
     assert "Scaled to run quickly: sized" in capsys.readouterr().out
     assert run_experiments(full=True) == 0
-    assert ran == ["scaled", "full"]
+    assert ran_scaled == ["sized"] and ran == ["full"]
     assert "Scaled" not in capsys.readouterr().out
+
+
+def test_json_has_the_figures_and_the_curves_when_measured(
+    registered: Callable[..., list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    def with_curves() -> ExperimentResult:
+        return ExperimentResult([Figure("x", 2.0, 1.0, "s", "test")], {"rtt": {40: 65.0}})
+
+    register_experiment(Experiment("curved", "curved title", with_curves))
+    assert run_experiments(as_json=True) == 1
+    (entry,) = json.loads(capsys.readouterr().out)
+    assert entry["name"] == "curved" and entry["figures"][0]["deviation"] == -0.5
+    assert not entry["figures"][0]["ok"]
+    assert entry["curves"] == {"rtt": {"40": 65.0}}
+
+
+# ------------------------------------------------------------------------ results and curves
+
+
+def test_a_result_holds_figures_and_curves_sorted_by_x() -> None:
+    figure = Figure("x", 1.0, 1.0, "s", "test")
+    result = ExperimentResult([figure], {"rtt": {100: 2.0, 40: 1.0}})
+    assert result.figures == (figure,)
+    assert list(result.curves["rtt"].items()) == [(40, 1.0), (100, 2.0)]
+    assert ExperimentResult.of([figure]) == ExperimentResult((figure,))
+    assert ExperimentResult.of(result) is result
+
+
+def test_curves_are_asked_for_only_where_they_cost_runs() -> None:
+    calls: list[str] = []
+
+    def run() -> list[Figure]:
+        calls.append("run")
+        return []
+
+    def run_curves() -> ExperimentResult:
+        calls.append("curves")
+        return ExperimentResult([], {"c": {1: 1.0}})
+
+    experiment = Experiment("e", "e", run, run_curves=run_curves)
+    assert experiment.result().curves == {}
+    assert experiment.result(curves=True).curves == {"c": {1: 1.0}}
+    assert Experiment("f", "f", run).result(curves=True).curves == {}
+    assert calls == ["run", "curves", "run"]
+
+
+@pytest.mark.slow
+def test_plots_are_drawn_from_the_runs_results_without_new_simulations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib", reason="matplotlib is the optional extra stacklib[plot]")
+    from stacklib.sim import Simulation
+
+    simulations: list[int] = []
+    original = Simulation.__init__
+
+    def counting(self: Simulation, *args: object, **kwargs: object) -> None:
+        simulations.append(1)
+        original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Simulation, "__init__", counting)
+    names = ["sba200", "fore-firmware", "sba100"]
+    plain = {name: EXPERIMENTS[name].result() for name in names}
+    without_plots = len(simulations)
+    simulations.clear()
+
+    assert run_experiments(only=names, plots=str(tmp_path)) == 0
+
+    # The plots' curves ride in the figures' runs: as many simulations as without plots ...
+    assert len(simulations) == without_plots > 0
+    out = capsys.readouterr().out
+    assert (tmp_path / "paper000_fig3_rtt.png").stat().st_size > 1000
+    assert (tmp_path / "paper000_fig4_bandwidth.png").stat().st_size > 1000
+    assert "paper003_fig5_rtt.png: needs fast-ethernet, pca200" in out  # did not run
+    # ... and the figures are the same as without curves.
+    for name in names:
+        with_curves = EXPERIMENTS[name].result(curves=True)
+        assert with_curves.figures == plain[name].figures
+        assert with_curves.curves
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["fast-ethernet", "pca200", "tcpip"])
+def test_curves_leave_the_figures_as_they_are(name: str) -> None:
+    plain, curved = EXPERIMENTS[name].result(), EXPERIMENTS[name].result(curves=True)
+    assert curved.figures == plain.figures
+    assert curved.curves and not plain.curves
+
+
+# ------------------------------------------------------------------------ the command
+
+
+def test_the_command_prints_the_table_and_exits_0() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "stacklib.cli", "reproduce", "--only", "sba100"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("SBA-100: U-Net by traps and a user-level AAL5")
+    assert "single-cell round trip  66 us" in done.stdout
+    assert "OUTSIDE" not in done.stdout and "outside tolerance" not in done.stdout

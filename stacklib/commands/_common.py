@@ -1,15 +1,16 @@
 """What ``stacklib`` and its per-part subcommands share: recipe loading with ``--set``
-overrides, a sizes argument type, and the check for the optional matplotlib."""
+overrides, a sizes argument type, and the check for the optional matplotlib (which lives in
+stacklib.reporting.optional)."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tomllib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from stacklib.errors import ConfigError
+from stacklib.reporting.optional import matplotlib_missing
 
 __all__ = ["add_set_option", "load_recipe", "matplotlib_missing", "sizes_type"]
 
@@ -118,18 +119,3 @@ def sizes_type(example: str) -> Callable[[str], tuple[int, ...]]:
         return sizes
 
     return parse
-
-
-def matplotlib_missing(command: str, option: str) -> bool:
-    """True, having said so on stderr, when ``stacklib command``'s ``option`` cannot draw
-    because matplotlib (an optional dependency) is not installed."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError as error:
-        print(
-            f"stacklib {command}: {option} needs matplotlib ({error}); "
-            "install it with: pip install 'stacklib[plot]'",
-            file=sys.stderr,
-        )
-        return True
-    return False

@@ -29,7 +29,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
             print("stacklib trace record: give a RECIPE or --splitc PROGRAM", file=sys.stderr)
             return 2
         if args.splitc is not None:
-            from stacklib.experiments.mm import record_splitc
+            from stacklib.bench.splitc.trace import record_splitc
             from stacklib.unet.mm.trace import build_trace
 
             try:
@@ -122,9 +122,9 @@ def cmd_tlbsim(args: argparse.Namespace) -> int:
     else:
         print(format_results(results))
     if args.plot is not None:
-        from stacklib.unet.mm.tlbsim import plot_results
+        from stacklib.reporting.plots.tlb import plot_tlb
 
-        out = plot_results(results, args.plot)
+        out = plot_tlb(results, args.plot)
         print(f"plot written to {out}", file=sys.stderr if args.json else sys.stdout)
     return 0
 

@@ -37,9 +37,10 @@ def cmd_libraries(args: argparse.Namespace) -> int:
     if args.plots is not None:
         if matplotlib_missing("libraries", "--plots"):
             return 2
-        from stacklib.experiments.myrinet import plot_figures
+        from stacklib.experiments.myrinet import myrinet_curves
+        from stacklib.reporting.plots.myrinet import draw_myrinet
 
-        for path in plot_figures(args.plots):
+        for path in draw_myrinet(args.plots, myrinet_curves()):
             print(path)
         return 0
     if args.logp is not None:

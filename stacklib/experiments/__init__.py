@@ -1,7 +1,7 @@
 """The experiments ``stacklib reproduce`` runs, one module per part of the papers.
 
-Importing this package registers them with :mod:`stacklib.reproduce`, in the order below, which
-is the order they print in.
+Importing this package registers them (:func:`stacklib.reporting.figures.register_experiment`),
+in the order below, which is the order they print in; :mod:`stacklib.reproduce` runs them.
 """
 
 from __future__ import annotations

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from pathlib import Path
 
 from stacklib.bench import Session
 from stacklib.bench.bandwidth import BandwidthParams, run_bandwidth
 from stacklib.bench.logp import LogPParams, run_logp
 from stacklib.bench.result import Cell, Result
-from stacklib.reproduce import Experiment, Figure, register_experiment
+from stacklib.reporting.figures import Experiment, ExperimentResult, Figure, register_experiment
 from stacklib.sim import Simulation
 from stacklib.transports.sim.lanai4 import FIG2_CURVES, Lanai4Cluster, fig2, host_ni_bandwidth
 from stacklib.transports.sim.myrinet_libs import LIBRARIES
@@ -31,9 +30,10 @@ __all__ = [
     "am_receive_overhead",
     "bandwidths",
     "logp_of",
+    "myrinet_curves",
     "myrinet_figures",
     "open_session",
-    "plot_figures",
+    "run_myrinet",
 ]
 
 #: Figs 4-8 span 4 B to 4 KB; 63/64 and 255/256 bracket the VMMC and BIP knees (§4.1.1).
@@ -269,18 +269,8 @@ def myrinet_figures() -> list[Figure]:
     return figures
 
 
-_LOGP_PLOTS = (
-    ("rtt_half_us", "Fig 4: one-way latency (RTT/2)", "fig4-rtt.png"),
-    ("g_us", "Fig 5: gap (g)", "fig5-gap.png"),
-    ("os_us", "Fig 6: send overhead (Os)", "fig6-os.png"),
-    ("or_us", "Fig 7: receive overhead (Or)", "fig7-or.png"),
-    ("l_us", "Fig 8: latency (L)", "fig8-latency.png"),
-)
-_BW_PLOTS = (
-    ("pingpong", "Fig 10: bidirectional ping-pong bandwidth", "fig10-pingpong.png"),
-    ("unidirectional", "Fig 11: unidirectional bandwidth", "fig11-unidirectional.png"),
-    ("simultaneous", "Fig 12: simultaneous bidirectional bandwidth", "fig12-simultaneous.png"),
-)
+#: The LogP columns of Figs 4-8.
+LOGP_COLUMNS = ("rtt_half_us", "g_us", "os_us", "or_us", "l_us")
 
 
 def _reference(size: int) -> float:
@@ -288,64 +278,36 @@ def _reference(size: int) -> float:
     return host_ni_bandwidth("pio" if size <= 16 else "dma-lanai", "n2h", size)
 
 
-def plot_figures(directory: str | Path) -> list[Path]:
-    """Draw Figs 2, 4-8 and 10-12 of paper 004 as PNG files (needs matplotlib)."""
-    from matplotlib.axes import Axes
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure as Plot
-
-    folder = Path(directory)
-    folder.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-
-    def save(plot: Plot, name: str) -> None:
-        path = folder / name
-        plot.savefig(path, dpi=100)
-        written.append(path)
-
-    def new(title: str, ylabel: str) -> tuple[Plot, Axes]:
-        plot = Plot(figsize=(7.5, 4.8), layout="constrained")
-        FigureCanvasAgg(plot)
-        axes = plot.subplots()
-        axes.set_title(title, fontsize=10)
-        axes.set_xscale("log", base=2)
-        axes.set_xlabel("message size (bytes)")
-        axes.set_ylabel(ylabel)
-        axes.grid(True, alpha=0.3)
-        return plot, axes
-
+def myrinet_curves() -> dict[str, dict[int, float]]:
+    """The curves of Figs 2, 4-8 and 10-12 (:mod:`stacklib.reporting.plots.myrinet`), from
+    the same cached runs as :func:`myrinet_figures`: ``fig2: <method> <direction>`` (MB/s),
+    ``<LogP column>: <library label>`` (us), ``<bandwidth mode>: <library label>`` (MB/s) and
+    ``limit: NI-to-host`` (MB/s)."""
     rows = fig2()
-    plot, axes = new("Fig 2: host <-> NI transfer bandwidth (estimated rates)", "MB/s")
+    curves: dict[str, dict[int, float]] = {}
     for method, direction in FIG2_CURVES:
         key = f"{method} {direction}"
-        axes.plot([r["size"] for r in rows], [r[key] for r in rows], marker=".", label=key)
-    axes.legend(fontsize=8)
-    save(plot, "fig2-host-ni.png")
-    for key, title, name in _LOGP_PLOTS:
-        plot, axes = new(title, "us")
-        for lib in LIBRARIES:
-            points = _column(logp_of(lib), key)
-            xs = sorted(points)
-            axes.plot(xs, [points[x] for x in xs], marker=".", label=LIBRARIES[lib].LABEL)
-        axes.legend(fontsize=8)
-        save(plot, name)
-    for mode, title, name in _BW_PLOTS:
-        plot, axes = new(title, "MB/s")
-        xs = list(BANDWIDTH_SIZES)
-        axes.plot(xs, [_reference(x) for x in xs], color="black", label="NI-to-host limit")
-        for lib in LIBRARIES:
-            points = bandwidths(lib)[mode]
-            sizes = sorted(points)
-            axes.plot(sizes, [points[x] for x in sizes], marker=".", label=LIBRARIES[lib].LABEL)
-        axes.legend(fontsize=8)
-        save(plot, name)
-    return written
+        curves[f"fig2: {key}"] = {_int(row["size"]): _num(row, key) for row in rows}
+    for column in LOGP_COLUMNS:
+        for lib, cls in LIBRARIES.items():
+            curves[f"{column}: {cls.LABEL}"] = _column(logp_of(lib), column)
+    curves["limit: NI-to-host"] = {size: _reference(size) for size in BANDWIDTH_SIZES}
+    for mode in ("pingpong", "unidirectional", "simultaneous"):
+        for lib, cls in LIBRARIES.items():
+            curves[f"{mode}: {cls.LABEL}"] = bandwidths(lib)[mode]
+    return curves
+
+
+def run_myrinet() -> ExperimentResult:
+    """The experiment: :func:`myrinet_figures` and the curves of its plots, which cost no
+    further runs (the runs are cached)."""
+    return ExperimentResult(myrinet_figures(), myrinet_curves())
 
 
 register_experiment(
     Experiment(
         "myrinet",
         "Five user-space libraries on Myrinet: LogP and bandwidth (paper 004 Figs 2-12)",
-        myrinet_figures,
+        run_myrinet,
     )
 )

@@ -42,7 +42,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing.context import BaseContext
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -54,7 +53,7 @@ from stacklib import compiled
 from stacklib.bench.splitc.cluster import run_spmd
 from stacklib.bench.splitc.programs import PAPER_SIZES, make_program
 from stacklib.layers.splitc import SplitC
-from stacklib.reproduce import Experiment, Figure, register_experiment
+from stacklib.reporting.figures import Experiment, Figure, register_experiment
 from stacklib.transports.sim.machines import MACHINES
 
 __all__ = [
@@ -68,7 +67,6 @@ __all__ = [
     "Cell",
     "CellResult",
     "cell_line",
-    "draw",
     "engine_line",
     "expected_cost",
     "fig5",
@@ -611,67 +609,6 @@ def _fig5_claims(times: dict[tuple[str, str], tuple[float, float]]) -> list[tupl
         ("rsortsm: ATM roughly equal to the Meiko", close(
             t(rs, "meiko"), t(rs, "unet-atm"))),
     ]  # fmt: skip
-
-
-def draw(
-    directory: str | Path,
-    fig5_times: dict[tuple[str, str], tuple[float, float]],
-    table1_times: dict[tuple[str, str, int], tuple[float, float]],
-) -> list[Path]:
-    """Draw ``splitc_fig5.png`` (paper 000 Fig 5: the programs on the three machines,
-    normalized to the CM-5) and ``splitc_fig7.png`` (paper 003 Fig 7: Table 1 normalized to 2
-    ATM nodes, paper values as markers), each bar split into computation (solid) and
-    communication (hatched).  Needs matplotlib."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure as Plot
-
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    machines = ("cm5", "unet-atm", "meiko")
-    plot = Plot(figsize=(9, 4))
-    FigureCanvasAgg(plot)
-    axes = plot.add_subplot()
-    benchmarks = sorted({b for b, _ in fig5_times}, key=list(FIG5_SIZES).index)
-    for column, machine in enumerate(machines):
-        xs = [i + (column - 1) * 0.27 for i in range(len(benchmarks))]
-        base = [fig5_times[b, "cm5"][0] for b in benchmarks]
-        compute = [fig5_times[b, machine][1] / t for b, t in zip(benchmarks, base, strict=True)]
-        total = [fig5_times[b, machine][0] / t for b, t in zip(benchmarks, base, strict=True)]
-        comm = [t - c for t, c in zip(total, compute, strict=True)]
-        bars = axes.bar(xs, compute, 0.25, label=machine)
-        colour = bars.patches[0].get_facecolor()
-        axes.bar(xs, comm, 0.25, bottom=compute, color=colour, alpha=0.4, hatch="//")
-    axes.set_xticks(range(len(benchmarks)), benchmarks)
-    axes.set_ylabel("time / CM-5 time (solid: computation)")
-    axes.set_title("Split-C on 8 nodes (paper 000 Fig 5), scaled sizes, simulated")
-    axes.legend()
-    paths.append(out / "splitc_fig5.png")
-    plot.savefig(paths[-1], dpi=100)
-    plot = Plot(figsize=(9, 4))
-    FigureCanvasAgg(plot)
-    axes = plot.add_subplot()
-    runs = sorted({b for b, _, _ in table1_times}, key=list(TABLE1).index)
-    columns = [(network, n) for n in (2, 4, 8) for network in ("atm", "fe")]
-    width = 0.8 / len(columns)
-    for k, (network, n) in enumerate(columns):
-        xs = [i + (k - len(columns) / 2 + 0.5) * width for i in range(len(runs))]
-        base = [TABLE1[b]["atm", 2] for b in runs]
-        total = [table1_times[b, network, n][0] / t for b, t in zip(runs, base, strict=True)]
-        compute = [table1_times[b, network, n][1] / t for b, t in zip(runs, base, strict=True)]
-        comm = [t - c for t, c in zip(total, compute, strict=True)]
-        bars = axes.bar(xs, compute, width, label=f"{network.upper()} {n}")
-        colour = bars.patches[0].get_facecolor()
-        axes.bar(xs, comm, width, bottom=compute, color=colour, alpha=0.4, hatch="//")
-        paper = [TABLE1[b][network, n] / t for b, t in zip(runs, base, strict=True)]
-        axes.plot(xs, paper, "k_", markersize=12)
-    axes.set_xticks(range(len(runs)), runs)
-    axes.set_ylabel("time / paper's 2-node ATM time")
-    axes.set_title("paper 003 Table 1 / Fig 7, simulated (bars) and paper (black marks)")
-    axes.legend(ncol=3, fontsize="small")
-    paths.append(out / "splitc_fig7.png")
-    plot.savefig(paths[-1], dpi=100)
-    return paths
 
 
 def _sizes(sizes: Mapping[str, tuple[int, ...]]) -> str:

@@ -6,11 +6,17 @@ with SBA-200s running U-Net firmware, in virtual time.  The kernel side is the c
 Ethernet).  Figs 6-9 have no values in the text: the figures below are the numbers the text
 states and the shapes it describes, each checked as a ratio; docs/kernel-path.md says how each
 was read and which parameter was calibrated to which figure.
+
+Asked for curves (``stacklib reproduce --plots``), the experiment measures Figs 6-9's curves
+(:mod:`stacklib.reporting.plots.tcpip`) and reads its figures from them: every U-Net value is
+a fresh simulation of its own, so the figures are the same either way.  The curves are named
+``"fig6: kernel UDP, ATM"`` and so on, as :func:`fig6_curves` to :func:`fig9_curves` name them.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 
 import trio
@@ -19,7 +25,7 @@ from stacklib.layers.ip import IpLayer, IpParams
 from stacklib.layers.tcp.driver import TcpLayer, TcpParams, TcpStack, TcpStream
 from stacklib.layers.udp import UdpLayer, UdpParams
 from stacklib.layers.udp.driver import UdpSocketImpl, UdpStack
-from stacklib.reproduce import Experiment, Figure, register_experiment
+from stacklib.reporting.figures import Experiment, ExperimentResult, Figure, register_experiment
 from stacklib.services import UNetService
 from stacklib.sim import Resource, Simulation
 from stacklib.stack import open_stack
@@ -56,6 +62,14 @@ UDP_DATAGRAM_US = 4.5  # calibrated to Table 3's 138 us UDP round trip
 TCP_SEGMENT_US = 5.4  # calibrated to Table 3's 157 us TCP round trip
 #: The TAXI fiber's 140 Mbit/s: "the maximum achievable bandwidth" of §7 (17.5 MB/s).
 LINE_MB_S = 140 / 8
+
+#: A curve: size (or window) -> value.
+Curve = dict[int, float]
+#: The sizes and windows of Figs 6-9's curves.
+RTT_SIZES = (0, 16, 100, 250, 500, 750, 1000, 1500, 2000, 3000, 4000)
+UDP_BW_SIZES = (512, 1024, 2048, 3072, 4096, 6144, 8192)
+KERNEL_UDP_SIZES = tuple(range(256, 9217, 64))
+WINDOWS = (4096, 8192, 16384, 32768, 65535)
 
 
 def _run(main: Callable[[Endpoint, Endpoint, int, int], Awaitable[None]]) -> None:
@@ -246,16 +260,22 @@ def unet_tcp_bandwidth(
     return result[0]
 
 
-def tcpip() -> list[Figure]:
-    """Paper 000 §7: Table 3's UDP and TCP rows, Fig 8's bandwidths, Figs 6, 7, 9's shapes."""
+def tcpip(curves: bool = False) -> ExperimentResult:
+    """Paper 000 §7: Table 3's UDP and TCP rows, Fig 8's bandwidths, Figs 6, 7, 9's shapes;
+    with ``curves``, Figs 6-9's curves too, the figures read from them."""
     atm, eth = k.ATM, k.ETHERNET
-    udp_rtt, tcp_rtt = unet_udp_rtt(SMALL), unet_tcp_rtt(SMALL)
-    udp_bw, udp_lost = unet_udp_bandwidth(4096)
-    tcp_bw = unet_tcp_bandwidth(8192)
+    rtt_sizes = RTT_SIZES if curves else (SMALL,)
+    udp_rtts = {n: unet_udp_rtt(n) for n in rtt_sizes}
+    tcp_rtts = {n: unet_tcp_rtt(n) for n in rtt_sizes}
+    udp_streams = {n: unet_udp_bandwidth(n) for n in (UDP_BW_SIZES if curves else (4096,))}
+    tcp_bws = {w: unet_tcp_bandwidth(w) for w in (WINDOWS if curves else (8192,))}
+    udp_rtt, tcp_rtt = udp_rtts[SMALL], tcp_rtts[SMALL]
+    udp_bw, udp_lost = udp_streams[4096]
+    tcp_bw = tcp_bws[8192]
     kernel_tcp = k.tcp_bandwidth(atm, 64 * 1024)
     saw_low, saw_high = k.udp_bandwidth(2559, atm), k.udp_bandwidth(2560, atm)
     peak = max(k.udp_bandwidth(n, atm).received_mb_s for n in range(1024, 9161, 512))
-    return [
+    figures = [
         Figure("Table 3: UDP round trip (16 B)", 138, udp_rtt, "us",
                "paper 000 Table 3 (calibrated: UDP_DATAGRAM_US)"),
         Figure("Table 3: UDP bandwidth, 4 KB", 120, udp_bw * 8, "Mbit/s", "paper 000 Table 3"),
@@ -300,33 +320,35 @@ def tcpip() -> list[Figure]:
         Figure("Fig 9: kernel / U-Net TCP RTT (16 B)", 6.0, k.tcp_rtt(SMALL, atm) / tcp_rtt,
                "ratio", "paper 000 §7.7, Fig 9 (estimated from the model; property > 1)", 0.5),
     ]  # fmt: skip
+    if not curves:
+        return ExperimentResult(figures)
+    unet_udp_bw = {n: stream[0] for n, stream in udp_streams.items()}
+    drawn = {
+        **_fig6(RTT_SIZES),
+        **_fig7(unet_udp_bw, KERNEL_UDP_SIZES),
+        **_fig8(tcp_bws, WINDOWS),
+        **_fig9(udp_rtts, tcp_rtts, RTT_SIZES),
+    }
+    return ExperimentResult(figures, drawn)
 
 
 register_experiment(
-    Experiment("tcpip", "UDP and TCP: U-Net vs the SunOS kernel (paper 000 §7, Table 3)", tcpip)
+    Experiment(
+        "tcpip",
+        "UDP and TCP: U-Net vs the SunOS kernel (paper 000 §7, Table 3)",
+        tcpip,
+        run_curves=functools.partial(tcpip, curves=True),
+    )
 )
 
 
-# --- curves for the plots (stacklib reproduce --plots) ------------------------------------------
-
-Curve = dict[int, float]
-RTT_SIZES = (0, 16, 100, 250, 500, 750, 1000, 1500, 2000, 3000, 4000)
-UDP_BW_SIZES = (512, 1024, 2048, 3072, 4096, 6144, 8192)
-KERNEL_UDP_SIZES = tuple(range(256, 9217, 64))
-WINDOWS = (4096, 8192, 16384, 32768, 65535)
+# --- Figs 6-9's curves (stacklib reproduce --plots) -----------------------------------------
 
 
 def fig6_curves(sizes: Sequence[int] = RTT_SIZES) -> dict[str, Curve]:
     """Paper 000 Fig 6: the kernel's UDP and TCP round trips over ATM and Ethernet (model),
     microseconds."""
-    atm, eth = k.ATM, k.ETHERNET
-    return {
-        "kernel UDP, ATM": {n: k.udp_rtt(n, atm) for n in sizes},
-        "kernel UDP, Ethernet": {n: k.udp_rtt(n, eth) for n in sizes},
-        # The model's TCP round trip is one segment's: up to the MSS (1 KB on Ethernet).
-        "kernel TCP, ATM": {n: k.tcp_rtt(n, atm) for n in sizes if n <= atm.mss},
-        "kernel TCP, Ethernet": {n: k.tcp_rtt(n, eth) for n in sizes if n <= eth.mss},
-    }
+    return _unnamed(_fig6(sizes), "fig6: ")
 
 
 def fig7_curves(
@@ -334,28 +356,64 @@ def fig7_curves(
 ) -> dict[str, Curve]:
     """Paper 000 Fig 7: UDP bandwidth vs datagram size, MB/s: U-Net (simulated) and the kernel
     over ATM as the sender perceives it and as received (model: the mbuf saw-tooth)."""
-    streams = {n: k.udp_bandwidth(n, k.ATM) for n in kernel_sizes}
-    return {
-        "U-Net UDP": {n: unet_udp_bandwidth(n)[0] for n in unet_sizes},
-        "kernel UDP/ATM, sender": {n: s.sent_mb_s for n, s in streams.items()},
-        "kernel UDP/ATM, received": {n: s.received_mb_s for n, s in streams.items()},
-    }
+    unet = {n: unet_udp_bandwidth(n)[0] for n in unet_sizes}
+    return _unnamed(_fig7(unet, kernel_sizes), "fig7: ")
 
 
 def fig8_curves(windows: Sequence[int] = WINDOWS, total: int = 1 << 20) -> dict[str, Curve]:
     """Paper 000 Fig 8's comparison: TCP bulk bandwidth vs window, MB/s: U-Net TCP (simulated,
     ``total`` bytes) and the kernel over ATM (model, the window capped by its 52 KB buffer)."""
-    return {
-        "U-Net TCP": {w: unet_tcp_bandwidth(w, total) for w in windows},
-        "kernel TCP/ATM": {w: k.tcp_bandwidth(k.ATM, w) for w in windows},
-    }
+    unet = {w: unet_tcp_bandwidth(w, total) for w in windows}
+    return _unnamed(_fig8(unet, windows), "fig8: ")
 
 
 def fig9_curves(sizes: Sequence[int] = RTT_SIZES) -> dict[str, Curve]:
     """Paper 000 Fig 9: UDP and TCP round trips, U-Net (simulated) and kernel over ATM."""
+    udp = {n: unet_udp_rtt(n) for n in sizes}
+    tcp = {n: unet_tcp_rtt(n) for n in sizes}
+    return _unnamed(_fig9(udp, tcp, sizes), "fig9: ")
+
+
+# The figures' curves from measured U-Net values, named as the experiment's result names them.
+
+
+def _unnamed(curves: dict[str, Curve], prefix: str) -> dict[str, Curve]:
+    return {key.removeprefix(prefix): points for key, points in curves.items()}
+
+
+def _fig6(sizes: Sequence[int]) -> dict[str, Curve]:
+    atm, eth = k.ATM, k.ETHERNET
     return {
-        "U-Net UDP": {n: unet_udp_rtt(n) for n in sizes},
-        "U-Net TCP": {n: unet_tcp_rtt(n) for n in sizes},
-        "kernel UDP/ATM": {n: k.udp_rtt(n, k.ATM) for n in sizes},
-        "kernel TCP/ATM": {n: k.tcp_rtt(n, k.ATM) for n in sizes if n <= k.ATM.mss},
+        "fig6: kernel UDP, ATM": {n: k.udp_rtt(n, atm) for n in sizes},
+        "fig6: kernel UDP, Ethernet": {n: k.udp_rtt(n, eth) for n in sizes},
+        # The model's TCP round trip is one segment's: up to the MSS (1 KB on Ethernet).
+        "fig6: kernel TCP, ATM": {n: k.tcp_rtt(n, atm) for n in sizes if n <= atm.mss},
+        "fig6: kernel TCP, Ethernet": {n: k.tcp_rtt(n, eth) for n in sizes if n <= eth.mss},
+    }
+
+
+def _fig7(unet: Mapping[int, float], kernel_sizes: Sequence[int]) -> dict[str, Curve]:
+    streams = {n: k.udp_bandwidth(n, k.ATM) for n in kernel_sizes}
+    return {
+        "fig7: U-Net UDP": dict(unet),
+        "fig7: kernel UDP/ATM, sender": {n: s.sent_mb_s for n, s in streams.items()},
+        "fig7: kernel UDP/ATM, received": {n: s.received_mb_s for n, s in streams.items()},
+    }
+
+
+def _fig8(unet: Mapping[int, float], windows: Sequence[int]) -> dict[str, Curve]:
+    return {
+        "fig8: U-Net TCP": dict(unet),
+        "fig8: kernel TCP/ATM": {w: k.tcp_bandwidth(k.ATM, w) for w in windows},
+    }
+
+
+def _fig9(
+    udp: Mapping[int, float], tcp: Mapping[int, float], sizes: Sequence[int]
+) -> dict[str, Curve]:
+    return {
+        "fig9: U-Net UDP": dict(udp),
+        "fig9: U-Net TCP": dict(tcp),
+        "fig9: kernel UDP/ATM": {n: k.udp_rtt(n, k.ATM) for n in sizes},
+        "fig9: kernel TCP/ATM": {n: k.tcp_rtt(n, k.ATM) for n in sizes if n <= k.ATM.mss},
     }

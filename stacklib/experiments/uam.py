@@ -33,7 +33,7 @@ from stacklib.layers.uam.machine import (
     UamMachine,
 )
 from stacklib.layers.uam.wire import CHUNK_SIZE
-from stacklib.reproduce import Experiment, Figure, register_experiment
+from stacklib.reporting.figures import Experiment, Figure, register_experiment
 from stacklib.services import UNetService
 from stacklib.sim import Simulation
 from stacklib.transports.sim import AtmParams, FastEthernetParams, build_atm, build_fe

@@ -1,5 +1,6 @@
 """Paper 000 Figs 6-9 as curves (experiments/tcpip.py) and as the plots of
-``stacklib reproduce --plots`` (plots.py): the shapes the text describes, and PNG files."""
+``stacklib reproduce --plots`` (reporting/plots/tcpip.py): the shapes the text describes, and
+PNG files."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from stacklib.experiments import tcpip
+from stacklib.reporting.figures import ExperimentResult
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -47,12 +49,27 @@ def test_fig9_unet_round_trips_are_several_times_shorter() -> None:
 @pytest.mark.parametrize("figure", [6, 7, 8, 9])
 def test_the_figures_are_drawn(tmp_path: Path, figure: int) -> None:
     pytest.importorskip("matplotlib", reason="matplotlib is the optional extra stacklib[plot]")
-    from stacklib import plots
+    from stacklib.reporting import plots
 
     draw: Callable[..., Path] = getattr(plots, f"paper000_fig{figure}")
-    assert draw in plots.FIGURES  # stacklib reproduce --plots draws it
-    sizes = [4096, 8192] if figure == 8 else [16, 512]
-    path = draw(tmp_path, sizes)
-    assert path.parent == tmp_path and path.name.startswith("paper000_fig")
+    assert any(plot.draw is draw for plot in plots.PLOTS)  # stacklib reproduce --plots draws it
+    curves = {
+        6: lambda: tcpip.fig6_curves([16, 512]),
+        7: lambda: tcpip.fig7_curves([16, 512], [16, 512]),
+        8: lambda: tcpip.fig8_curves([4096, 8192], total=64 * 1024),
+        9: lambda: tcpip.fig9_curves([16, 512]),
+    }[figure]()
+    # Named as the experiment's result names them: "fig6: kernel UDP, ATM", ...
+    result = ExperimentResult((), {f"fig{figure}: {k}": v for k, v in curves.items()})
+    path = draw(tmp_path, {"tcpip": result})
+    assert path.parent == tmp_path and path.name.startswith(f"paper000_fig{figure}_")
     data = path.read_bytes()
     assert data.startswith(PNG_MAGIC) and len(data) > 1000
+
+
+def test_the_experiment_names_its_curves_as_the_curve_functions_do() -> None:
+    names = {key.split(": ", 1)[1] for key in tcpip._fig6((16,))}
+    assert names == set(tcpip.fig6_curves((16,)))
+    assert set(tcpip._fig9({16: 1.0}, {16: 2.0}, (16,))) == {
+        f"fig9: {k}" for k in ("U-Net UDP", "U-Net TCP", "kernel UDP/ATM", "kernel TCP/ATM")
+    }

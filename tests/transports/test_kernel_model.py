@@ -95,7 +95,7 @@ def test_unet_tcp_beats_kernel_tcp_with_a_smaller_window() -> None:
 
 def test_experiment_is_registered_and_its_shape_figures_hold() -> None:
     assert EXPERIMENTS["tcpip"].run is tcpip.tcpip
-    figures = {f.name: f for f in tcpip.tcpip()}
+    figures = {f.name: f for f in tcpip.tcpip().figures}
     shape = [f for name, f in figures.items() if "Fig 6" in name or "Fig 7" in name]
     assert len(shape) >= 5 and all(f.ok for f in shape)
     assert all(f.ok for name, f in figures.items() if "Fig 9" in name)

@@ -261,6 +261,7 @@ async def test_peer_death_fails_the_channel(network: ShmNetwork) -> None:
         peer.join(5)
 
 
+@pytest.mark.slow
 def test_real_benchmark_runs_with_tiny_counts() -> None:
     from stacklib.bench.real import bench_real
 

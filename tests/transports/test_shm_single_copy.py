@@ -657,6 +657,7 @@ except OSError as error:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv"
 )

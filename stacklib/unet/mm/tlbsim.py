@@ -15,12 +15,12 @@ would make them alias the data in the direct-mapped table for no reason of the p
 With ``rx_buffers=0`` the recorded addresses are used.
 
 Each node of a trace has its own NI and so its own TLB; processes on one node share it.
+Fig 3's stacked bars are drawn from the results by :mod:`stacklib.reporting.plots.tlb`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
 import attrs
 
@@ -28,7 +28,7 @@ from stacklib.unet.mm.memory import PAGE_SIZE
 from stacklib.unet.mm.tlb import Tlb, TlbEntry, TlbGeometry
 from stacklib.unet.mm.trace import TraceRecord
 
-__all__ = ["TlbSimResult", "format_results", "plot_results", "simulate"]
+__all__ = ["TlbSimResult", "format_results", "simulate"]
 
 
 @attrs.frozen
@@ -164,37 +164,3 @@ def format_results(results: Sequence[TlbSimResult]) -> str:
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in rows]
     return "\n".join(lines)
-
-
-#: Fig 3's four bar segments, bottom to top, with their legend text.
-SEGMENTS: Mapping[str, str] = {
-    "tx_compulsory": "Transmit compulsory misses",
-    "rx_compulsory": "Receive compulsory misses",
-    "tx_non_compulsory": "Transmit non-comp. misses",
-    "rx_non_compulsory": "Receive non-comp misses",
-}
-
-
-def plot_results(results: Sequence[TlbSimResult], path: str | Path) -> Path:
-    """Stacked bars like paper 002 Fig 3 (needs matplotlib); the file written."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(max(4.0, 0.9 * len(results) + 2), 4.0))
-    FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
-    labels = [f"{r.label}\nTLB {r.entries}" for r in results]
-    bottoms = [0.0] * len(results)
-    colours = ("0.15", "0.55", "tab:red", "tab:orange")
-    for (field, legend), colour in zip(SEGMENTS.items(), colours, strict=True):
-        values = [r.pct(getattr(r, field)) for r in results]
-        axes.bar(labels, values, bottom=bottoms, label=legend, color=colour)
-        bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
-    axes.set_ylabel("misses, % of translations")
-    axes.set_title("Simulated NI TLB (paper 002 Fig 3)")
-    axes.legend(fontsize="small")
-    axes.tick_params(axis="x", labelsize="small")
-    figure.tight_layout()
-    out = Path(path)
-    figure.savefig(out)
-    return out

@@ -75,7 +75,9 @@ def test_draw_the_figures(tmp_path: Path) -> None:
         for network in ("atm", "fe")
         for n in (2, 4, 8)
     }
-    paths = experiment.draw(tmp_path, fig5, table1)
+    from stacklib.reporting.plots.splitc import draw_splitc
+
+    paths = draw_splitc(tmp_path, fig5, table1, experiment.TABLE1)
     assert [p.name for p in paths] == ["splitc_fig5.png", "splitc_fig7.png"]
     assert all(p.stat().st_size > 1000 for p in paths)
 

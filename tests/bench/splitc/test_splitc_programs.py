@@ -71,6 +71,7 @@ def test_computation_follows_the_machine() -> None:
     assert compute["cm5"] / compute["meiko"] == pytest.approx(40 / 33, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_the_cli_over_shm_processes(capsys: pytest.CaptureFixture[str]) -> None:
     status = cli_main(["splitc", "run", "ssortsm", "-n", "2", "--transport", "shm", "--small"])
     out = capsys.readouterr().out

@@ -20,6 +20,7 @@ def test_uam_params_outlast_the_start_up() -> None:
         uam_params(0.0)
 
 
+@pytest.mark.slow
 def test_rank_zero_prints_results_and_protocol_counters() -> None:
     code = (
         "import sys; from stacklib.launch import spawn; "

@@ -14,6 +14,7 @@ def _ours() -> list[str]:
     return [name for name in netns.namespaces() if name.startswith(NETNS_PREFIX + "-")]
 
 
+@pytest.mark.slow
 def test_udp_on_loopback_with_three_ranks(capsys: pytest.CaptureFixture[str]) -> None:
     status = cli_main(["splitc", "run", "mm4x4", "-n", "3", "--transport", "udp", "--small"])
     out = capsys.readouterr().out
@@ -45,6 +46,7 @@ def test_real_ranks_run_the_compiled_copy_unless_pure(
     assert "ranks run the pure Python modules\n" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_pure_run_over_shm(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["splitc", "run", "rsortsm", "--transport", "shm", "--small", "--pure"]
     assert cli_main(argv) == 0
@@ -73,6 +75,7 @@ needs_netns = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow
 @needs_netns
 def test_udp_between_namespaces(capsys: pytest.CaptureFixture[str]) -> None:
     before = _ours()

@@ -27,6 +27,7 @@ class FakeClock:
         return self.now
 
 
+@pytest.mark.slow
 def test_parallel_gives_the_serial_numbers() -> None:
     sizes = {**SMALL, "rsortsm": (64,)}
     cells = experiment.suite(("rsortsm", "mm16", "ssortlg"), ("atm", "fe"), (2, 4), sizes)
@@ -183,6 +184,7 @@ def test_live_falls_back_to_lines_without_a_terminal() -> None:
     assert len(lines) == 1 and lines[0].startswith("[1/1] ssortlg FE 2 nodes: ")
 
 
+@pytest.mark.slow
 def test_the_full_experiment_runs_all_36_cells_through_the_runner(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

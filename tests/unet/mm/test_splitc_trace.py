@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from stacklib.bench.splitc.trace import SplitcTracer, record_splitc, scaled_sizes
 from stacklib.cli import main
 from stacklib.errors import ConfigError
-from stacklib.experiments.mm import SplitcTracer, fig3_results, record_splitc, scaled_sizes
+from stacklib.experiments.mm import fig3_results
 from stacklib.layers.splitc import SplitC
 from stacklib.layers.uam import UamService
 from stacklib.unet.mm.layout import HEAP_PAGE, SMALL_SLOTS, ProcessLayout
@@ -84,6 +85,7 @@ def test_record_and_replay_a_small_matrix_multiply() -> None:
     assert result.tx_non_compulsory == result.rx_non_compulsory == 0
 
 
+@pytest.mark.slow
 def test_fig3_findings_at_one_64th_scale() -> None:
     # paper 002 §6.2: none at 1024 entries; at 256, sample sort (small messages) and matrix
     # multiply (82 pages) still do well, the others show some non-compulsory misses.

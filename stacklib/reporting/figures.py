@@ -1,0 +1,130 @@
+"""What an experiment returns, and the list of experiments ``stacklib reproduce`` runs.
+
+An experiment checks :class:`Figure`\\ s, numbers a paper states against the values measured
+for them, and measures the curves its plots draw; both come back in one
+:class:`ExperimentResult` of plain data (no matplotlib, no simulation), which
+:mod:`stacklib.reporting.tables` prints and :mod:`stacklib.reporting.plots` draws.  Experiments
+import this module to register (:func:`register_experiment`, one call per experiment); the
+runner, :mod:`stacklib.reproduce`, reads :data:`EXPERIMENTS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import attrs
+
+__all__ = [
+    "EXPERIMENTS",
+    "Experiment",
+    "ExperimentResult",
+    "Figure",
+    "Points",
+    "Run",
+    "register_experiment",
+]
+
+
+@attrs.frozen
+class Figure:
+    """One number the paper states and the value measured for it."""
+
+    name: str
+    paper: float
+    measured: float
+    unit: str
+    cite: str
+    #: Allowed relative deviation (0.10 = 10%).
+    tolerance: float = 0.10
+    #: The paper states a floor ("at least"): only falling short by more than the tolerance
+    #: counts; exceeding it is reported, not failed.
+    at_least: bool = False
+
+    @property
+    def deviation(self) -> float:
+        """Relative deviation of the measured value from the paper's."""
+        return (self.measured - self.paper) / self.paper if self.paper else 0.0
+
+    @property
+    def ok(self) -> bool:
+        if self.at_least:
+            return self.deviation >= -self.tolerance
+        return abs(self.deviation) <= self.tolerance
+
+
+#: One curve: x (a message size in bytes, a window) -> y, drawn in the order of x.
+Points = Mapping[int, float]
+
+
+def _figures(figures: Sequence[Figure]) -> tuple[Figure, ...]:
+    return tuple(figures)
+
+
+def _curves(curves: Mapping[str, Points]) -> dict[str, dict[int, float]]:
+    return {
+        name: {int(x): float(y) for x, y in sorted(points.items())}
+        for name, points in curves.items()
+    }
+
+
+@attrs.frozen
+class ExperimentResult:
+    """An experiment's figures and the curves its plots draw, by name (sorted by x).
+
+    Curves are empty unless the run was asked for them (``stacklib reproduce --plots``) or
+    they came for free; each plot of :mod:`stacklib.reporting.plots` names the curves it reads.
+    """
+
+    figures: tuple[Figure, ...] = attrs.field(converter=_figures)
+    curves: Mapping[str, Points] = attrs.field(factory=dict, converter=_curves)
+
+    @classmethod
+    def of(cls, outcome: Sequence[Figure] | ExperimentResult) -> ExperimentResult:
+        """``outcome`` as a result: a plain list of figures has no curves."""
+        return outcome if isinstance(outcome, ExperimentResult) else cls(outcome)
+
+
+#: What an experiment's run returns: its figures, or its figures and curves.
+Run = Callable[[], Sequence[Figure] | ExperimentResult]
+
+
+@attrs.frozen
+class Experiment:
+    """A registered experiment: a name, what it reproduces, and the functions that run it."""
+
+    name: str
+    title: str
+    run: Run
+    #: Whether a plain ``stacklib reproduce`` runs it.  An experiment that takes minutes, or
+    #: whose calibration is still in progress, runs only when named (``--only NAME``) or with
+    #: ``--all``; ``note`` says why, and the default run lists it at the end.
+    default: bool = True
+    note: str = ""
+    #: The experiment at the papers' full sizes, where the default run is scaled down to keep
+    #: ``stacklib reproduce`` quick (``--full``); None when the default run is already full.
+    run_full: Run | None = None
+    #: The run that also measures the curves of the experiment's plots (``--plots``), in the
+    #: same simulations as its figures, so the figures come out the same; None when ``run``
+    #: returns its curves already, or the experiment has no plots.
+    run_curves: Run | None = None
+
+    def result(self, *, full: bool = False, curves: bool = False) -> ExperimentResult:
+        """Run it: at the papers' sizes with ``full`` (where it is scaled), measuring its
+        plots' curves too with ``curves`` (where that costs more runs)."""
+        if full and self.run_full is not None:
+            run = self.run_full
+        elif curves and self.run_curves is not None:
+            run = self.run_curves
+        else:
+            run = self.run
+        return ExperimentResult.of(run())
+
+
+#: The registered experiments by name, in the order they print in.
+EXPERIMENTS: dict[str, Experiment] = {}
+
+
+def register_experiment(experiment: Experiment) -> Experiment:
+    """Add an experiment to ``stacklib reproduce`` (a name registered again is replaced)."""
+    EXPERIMENTS[experiment.name] = experiment
+    return experiment
