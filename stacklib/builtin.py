@@ -63,16 +63,16 @@ FORMATS: dict[str, str] = {
     "tcp": "stacklib.layers.tcp.wire",
 }
 
-EXPERIMENTS: dict[str, str] = {
+EXPERIMENTS: dict[str, str] = {  # in the order ``stacklib reproduce`` prints them
     "sba100": "stacklib.experiments.network_interfaces",
     "sba200": "stacklib.experiments.network_interfaces",
-    "pca200": "stacklib.experiments.network_interfaces",
     "fore-firmware": "stacklib.experiments.network_interfaces",
     "fast-ethernet": "stacklib.experiments.network_interfaces",
+    "pca200": "stacklib.experiments.network_interfaces",
     "uam": "stacklib.experiments.uam",
     "tcpip": "stacklib.experiments.tcpip",
+    "splitc": "stacklib.experiments.splitc",
     "mm": "stacklib.experiments.mm",
     "mm-fig3": "stacklib.experiments.mm",
-    "splitc": "stacklib.experiments.splitc",
     "myrinet": "stacklib.experiments.myrinet",
 }

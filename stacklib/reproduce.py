@@ -38,11 +38,6 @@ __all__ = [
 ]
 
 
-def _load_builtin() -> None:
-    # Experiments register when their modules are imported.
-    import stacklib.experiments  # noqa: F401
-
-
 def run_experiments(
     only: Sequence[str] | None = None,
     as_json: bool = False,
@@ -56,7 +51,6 @@ def run_experiments(
     ``everything``).  ``full`` runs scaled experiments at the papers' sizes instead.  ``plots``
     is a directory to draw the plots of the experiments that ran into, from their results.
     """
-    _load_builtin()
     # Fail before the runs, not after them.
     if plots is not None and matplotlib_missing("reproduce", "--plots"):
         return 2

@@ -22,13 +22,7 @@ ROOT = Path(__file__).resolve().parents[1] / "stacklib"
 
 #: Cycles that cannot be removed in this part of the code base yet, each with the reason; the
 #: test fails when one disappears, so that its entry goes too.
-ALLOWED: dict[frozenset[str], str] = {
-    frozenset({"stacklib.transports.sim", "stacklib.transports.sim.mm"}): (
-        "transports/sim/__init__.py imports .mm at its end so that the U-Net/MM transports "
-        "register, and mm.py imports the package's builders: a registry cycle, to go when the "
-        "transports register through a generic registry"
-    ),
-}
+ALLOWED: dict[frozenset[str], str] = {}
 
 
 def _module_name(path: Path) -> str:

@@ -63,6 +63,7 @@ def test_a_fresh_interpreter_sees_every_builtin_whatever_was_imported() -> None:
         ("TRANSPORTS", "stacklib.transports:TRANSPORTS"),
         ("WORKLOADS", "stacklib.bench:WORKLOADS"),
         ("FORMATS", "stacklib.wire.registry:FORMATS"),
+        ("EXPERIMENTS", "stacklib.reporting.figures:EXPERIMENTS"),
     ],
 )
 def test_the_builtin_table_names_the_module_that_registers_each_part(

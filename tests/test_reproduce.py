@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-import stacklib.experiments  # noqa: F401  (registers the experiments)
-from stacklib import reproduce
 from stacklib.reporting import figures as registry
 from stacklib.reporting.figures import (
     EXPERIMENTS,
@@ -59,8 +57,7 @@ def test_experiment_figures_are_within_tolerance(name: str) -> None:
 def registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., list[str]]]:
     """An empty experiment list (the built-in experiments are not loaded); calling the
     fixture registers a test experiment and returns the list of runs."""
-    monkeypatch.setattr(registry, "EXPERIMENTS", {})
-    monkeypatch.setattr(reproduce, "_load_builtin", lambda: None)
+    monkeypatch.setattr(registry, "EXPERIMENTS", registry.experiment_registry({}))
     ran: list[str] = []
 
     def experiment(name: str, default: bool = True, ok: bool = True, **more: object) -> list[str]:

@@ -5,7 +5,10 @@ for them, and measures the curves its plots draw; both come back in one
 :class:`ExperimentResult` of plain data (no matplotlib, no simulation), which
 :mod:`stacklib.reporting.tables` prints and :mod:`stacklib.reporting.plots` draws.  Experiments
 import this module to register (:func:`register_experiment`, one call per experiment); the
-runner, :mod:`stacklib.reproduce`, reads :data:`EXPERIMENTS`.
+runner, :mod:`stacklib.reproduce`, reads :data:`EXPERIMENTS`, a
+:class:`~stacklib.registry.Registry`: stacklib's experiments (declared in
+:mod:`stacklib.builtin`, in the order they print in) and other distributions' through entry
+points in the ``stacklib.experiments`` group.
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
+from stacklib import builtin
+from stacklib.registry import Registry
+
 __all__ = [
     "EXPERIMENTS",
     "Experiment",
@@ -21,6 +27,7 @@ __all__ = [
     "Figure",
     "Points",
     "Run",
+    "experiment_registry",
     "register_experiment",
 ]
 
@@ -120,11 +127,22 @@ class Experiment:
         return ExperimentResult.of(run())
 
 
-#: The registered experiments by name, in the order they print in.
-EXPERIMENTS: dict[str, Experiment] = {}
+def experiment_registry(declared: Mapping[str, str] = builtin.EXPERIMENTS) -> Registry[Experiment]:
+    """A registry of experiments whose built-in ones are ``declared`` (name -> module)."""
+    return Registry(
+        "experiment",
+        builtin=declared,
+        name_of=lambda experiment: experiment.name,
+        accept=lambda obj: obj if isinstance(obj, Experiment) else None,
+        expected="an Experiment",
+    )
+
+
+#: Every experiment by name, in the order they print in: stacklib's, then other
+#: distributions' (entry points in ``stacklib.experiments``), then those registered at run time.
+EXPERIMENTS: Registry[Experiment] = experiment_registry()
 
 
 def register_experiment(experiment: Experiment) -> Experiment:
-    """Add an experiment to ``stacklib reproduce`` (a name registered again is replaced)."""
-    EXPERIMENTS[experiment.name] = experiment
-    return experiment
+    """Add an experiment to ``stacklib reproduce`` (its module calls this at import)."""
+    return EXPERIMENTS.register(experiment)

@@ -223,6 +223,3 @@ register_transport(
 )
 
 __all__ = ["AtmParams", "SimAddress", "SimCluster", "build_atm"]
-
-# U-Net/MM NIs register sim-atm-mm and sim-fe-mm; they import this package, so they come last.
-from stacklib.transports.sim import mm as _mm  # noqa: E402, F401
