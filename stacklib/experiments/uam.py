@@ -1,7 +1,7 @@
 """U-Net Active Messages on the simulated SBA-200: paper 000 §5.2's micro-benchmarks, Table 3.
 
 Four benchmarks, as paper 000 §5.2 describes them, run in virtual time on two SPARCstation-20s
-with SBA-200s (``recipes/unet-atm-uam.toml`` is the same configuration):
+with SBA-200s (the ``unet-atm-uam`` recipe is the same configuration):
 
 1. single-cell round trip: a request with four words to a handler that replies with them;
 2. block transfer round trip: a store of N bytes, whose arrival makes the receiver store N
