@@ -25,13 +25,21 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 from collections.abc import Callable, Iterator, Mapping
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from stacklib.errors import StacklibError
 
 __all__ = ["ENTRY_POINT_GROUPS", "Registry", "RegistryError", "UnknownName", "load_object"]
 
 T = TypeVar("T")
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+N = TypeVar("N", bound=_Named)
 
 #: The entry-point group of each kind of part.
 ENTRY_POINT_GROUPS: Mapping[str, str] = {
@@ -106,6 +114,18 @@ class Registry(Mapping[str, T], Generic[T]):
 
     def __repr__(self) -> str:
         return f"<Registry of {self.what}s: {', '.join(self)}>"
+
+    @classmethod
+    def of_instances(cls, what: str, kind: type[N], builtin: Mapping[str, str]) -> Registry[N]:
+        """A registry of ``kind`` objects named by their ``name`` attribute (transports,
+        workloads, formats and experiments are such descriptions)."""
+        return Registry(
+            what,
+            builtin=builtin,
+            name_of=lambda part: part.name,
+            accept=lambda obj: obj if isinstance(obj, kind) else None,
+            expected=f"{'an' if kind.__name__[0] in 'AEIOU' else 'a'} {kind.__name__}",
+        )
 
     # ------------------------------------------------------------------ registering
 

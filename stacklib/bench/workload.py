@@ -63,19 +63,9 @@ class WorkloadKind:
         return f"{article} {' or '.join(repr(service.kind) for service in wanted)} service"
 
 
-def _accept_workload(obj: object) -> WorkloadKind | None:
-    return obj if isinstance(obj, WorkloadKind) else None
-
-
 #: Every workload recipes can name (built-ins, entry points in ``stacklib.workloads``, import
 #: paths ``"module:KIND"`` naming a :class:`WorkloadKind`).
-WORKLOADS: Registry[WorkloadKind] = Registry(
-    "workload",
-    builtin=builtin.WORKLOADS,
-    name_of=lambda kind: kind.name,
-    accept=_accept_workload,
-    expected="a WorkloadKind",
-)
+WORKLOADS = Registry.of_instances("workload", WorkloadKind, builtin.WORKLOADS)
 
 
 def register_workload(kind: WorkloadKind) -> WorkloadKind:

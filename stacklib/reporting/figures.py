@@ -129,13 +129,7 @@ class Experiment:
 
 def experiment_registry(declared: Mapping[str, str] = builtin.EXPERIMENTS) -> Registry[Experiment]:
     """A registry of experiments whose built-in ones are ``declared`` (name -> module)."""
-    return Registry(
-        "experiment",
-        builtin=declared,
-        name_of=lambda experiment: experiment.name,
-        accept=lambda obj: obj if isinstance(obj, Experiment) else None,
-        expected="an Experiment",
-    )
+    return Registry.of_instances("experiment", Experiment, declared)
 
 
 #: Every experiment by name, in the order they print in: stacklib's, then other

@@ -54,19 +54,9 @@ class TransportKind:
     open_nodes: NodeOpener | None = None
 
 
-def _accept_transport(obj: object) -> TransportKind | None:
-    return obj if isinstance(obj, TransportKind) else None
-
-
 #: Every transport recipes can name (built-ins, entry points in ``stacklib.transports``,
 #: import paths ``"module:KIND"`` naming a :class:`TransportKind`).
-TRANSPORTS: Registry[TransportKind] = Registry(
-    "transport",
-    builtin=builtin.TRANSPORTS,
-    name_of=lambda kind: kind.name,
-    accept=_accept_transport,
-    expected="a TransportKind",
-)
+TRANSPORTS = Registry.of_instances("transport", TransportKind, builtin.TRANSPORTS)
 
 
 def register_transport(kind: TransportKind) -> TransportKind:

@@ -108,18 +108,8 @@ def render(fields: Iterable[Field], indent: int = 1) -> list[str]:
     return lines
 
 
-def _accept_format(obj: object) -> FormatInfo | None:
-    return obj if isinstance(obj, FormatInfo) else None
-
-
 #: Every wire format by name (stacklib's and those of installed distributions).
-FORMATS: Registry[FormatInfo] = Registry(
-    "format",
-    builtin=builtin.FORMATS,
-    name_of=lambda info: info.name,
-    accept=_accept_format,
-    expected="a FormatInfo",
-)
+FORMATS = Registry.of_instances("format", FormatInfo, builtin.FORMATS)
 
 
 def register(
