@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-import stacklib.bench.streams  # noqa: F401  (registers udp-pingpong)
 from stacklib.errors import ConfigError
 from stacklib.layers.ip.driver import IpLayer
 from stacklib.recipes import expand_node, load_recipe, parse_recipe, run_recipe
@@ -144,15 +143,17 @@ def test_a_layer_on_udp_runs_from_its_recipe_in_virtual_time(name: str, above: l
     assert bare_rtts[0] < rtts[0]  # type: ignore[operator]  (the layer's header and work)
 
 
+@pytest.mark.parametrize("transport", ["memory", "shm"])
 @pytest.mark.parametrize("layer", ["arq", "uam"])
-def test_a_layer_on_udp_runs_on_the_memory_transport_in_real_time(layer: str) -> None:
+def test_a_layer_on_udp_runs_on_a_transport_in_real_time(layer: str, transport: str) -> None:
+    # shm: the real shared-memory transport, the same stack as over the simulated NIs.
     data: dict[str, Any] = {
         "run": {"clock": "real"},
-        "transport": {"kind": "memory"},
+        "transport": {"kind": transport},
         "layers": [{"kind": "ip", "address": "10.0.0.{node1}"}, {"kind": "udp"}, {"kind": layer}],
         "workload": {"kind": "pingpong", "sizes": [0, 100, 3000], "iterations": 5, "warmup": 1},
     }
-    result = run_recipe(parse_recipe(data, f"{layer}-udp-memory.toml"))
+    result = run_recipe(parse_recipe(data, f"{layer}-udp-{transport}.toml"))
     assert [row["size"] for row in result.rows] == [0, 100, 3000]
     assert result.facts["clock"] == "real"
 
