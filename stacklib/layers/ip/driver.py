@@ -75,13 +75,13 @@ from stacklib.layers.ip.wire import (
     parse_ipv4,
     parse_ipv4_simple,
 )
-from stacklib.services import DatagramService, Service, UNetService
+from stacklib.services import DatagramService, Service
 from stacklib.sim.costs import cited
 from stacklib.stack import Layer, register_layer, serve
+from stacklib.unet.endpoint import Endpoint
 
 if TYPE_CHECKING:
     from stacklib.sim.resources import Resource
-    from stacklib.unet.endpoint import Endpoint
 
 __all__ = [
     "IpEtherLayer",
@@ -485,13 +485,16 @@ class UNetIpStack(IpStack):
         self._copy = 0.0
         # The endpoint to send on without waiting (send_nowait), when nothing is modeled.
         self._nowait: Endpoint | None = None
-        if isinstance(below, UNetService):
-            ni = below.endpoint.ni
+        # What the service below lends (raw U-Net lends its endpoint): the host to charge,
+        # and an endpoint to post to directly.
+        endpoint = below.capability(Endpoint)
+        if endpoint is not None:
+            ni = endpoint.ni
             if ni.host_copy_per_byte > 0:
                 self._cpu = ni.host.resource("cpu")
                 self._copy = ni.host_copy_per_byte
             elif ni.host_send_cost is None:
-                self._nowait = below.endpoint
+                self._nowait = endpoint
 
     def __repr__(self) -> str:
         return f"<IP {self._address} over {self._below!r}, {len(self._routes)} peers>"
