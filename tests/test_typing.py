@@ -23,6 +23,7 @@ def _mypy(tmp_path: Path, code: str) -> str:
     return out + err
 
 
+@pytest.mark.slow
 def test_a_layer_takes_only_its_own_parameters(tmp_path: Path) -> None:
     report = _mypy(
         tmp_path,
