@@ -180,6 +180,27 @@ def _bench_workload(args: argparse.Namespace) -> Any:
     return run_recipe(attrs.evolve(recipe, workload=kind, workload_params=params), pcap=args.pcap)
 
 
+def cmd_faults(args: argparse.Namespace) -> int:
+    from stacklib.bench.faults import CAMPAIGNS, FaultsParams, ReliabilityError, bench_faults
+
+    params = FaultsParams(
+        messages=args.messages,
+        rate=args.rate,
+        fuzz=args.fuzz,
+        seed=args.seed,
+        campaigns=tuple(args.only or CAMPAIGNS),
+    )
+    try:
+        result = bench_faults(params)
+    except ReliabilityError as error:
+        failed = error.result  # type: ignore[attr-defined]
+        print(failed.to_json() if args.json else failed.format_table())
+        print(f"stacklib bench faults: {error}", file=sys.stderr)
+        return 1
+    print(result.to_json() if args.json else result.format_table())
+    return 0
+
+
 def cmd_spawn(args: argparse.Namespace) -> int:
     from stacklib.launch import cmd_spawn as spawn
 
@@ -295,6 +316,20 @@ def _add_bench(commands: argparse._SubParsersAction[Any]) -> None:
     b.add_argument("--count", type=int, default=400, help="transfers per size and path")
     b.add_argument("--window", type=int, default=8, help="transfers in flight")
     _wall_clock_options(b, repeat=5)
+    b = benches.add_parser(
+        "faults",
+        help="the standing reliability run: UAM through faults, every format fuzzed",
+        description="Move UAM requests through a faulty simulated fabric (loss, corruption, "
+        "duplication, reordering) and fuzz every registered wire format; exit 1 if anything is "
+        "lost, delivered corrupt, or crashes (docs/reliability.md).",
+    )
+    b.add_argument("--messages", type=int, default=100_000, help="UAM requests (100000)")
+    b.add_argument("--rate", type=float, default=0.05, help="rate of each fault (0.05)")
+    b.add_argument("--fuzz", type=int, default=20_000, help="inputs per format (20000)")
+    b.add_argument("--seed", type=int, default=1, help="seed of faults and inputs")
+    b.add_argument("--only", nargs="+", choices=["uam", "formats"], help="these campaigns only")
+    b.add_argument("--json", action="store_true", help="print JSON")
+    b.set_defaults(func=cmd_faults)
     for name, summary in (
         ("pingpong", "round-trip time vs message size (paper 000 Fig 3)"),
         ("bandwidth", "unidirectional, ping-pong and simultaneous bandwidth (paper 004 §4.2)"),

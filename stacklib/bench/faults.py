@@ -1,0 +1,218 @@
+"""``stacklib bench faults``: the standing reliability run.
+
+Campaigns, each a row of one table (tried, delivered, lost, corrupt delivered, retransmitted,
+faults applied, wall time):
+
+* ``uam``: Active Messages requests through the simulated SBA-200 cluster with faults on the
+  fabric (loss, corruption, duplication, reordering; 20% of messages in all by default), in
+  virtual time; every request carries its number and a check word, and the receiver verifies
+  exactly-once, in-order delivery and the check word of each;
+* ``formats``: every registered wire format fed seeded random bytes, truncations and bit flips
+  of its own valid values; anything but the format's documented error is a crash.
+
+Nothing lost, nothing corrupt delivered, no crash: a campaign that breaks one of these raises
+:class:`ReliabilityError` naming it, after the table's row is filled.  docs/reliability.md has
+the figures and the commands.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from stacklib.bench.result import Column, Result
+from stacklib.errors import StacklibError
+
+__all__ = ["FaultsParams", "ReliabilityError", "bench_faults", "fuzz_formats", "uam_campaign"]
+
+CAMPAIGNS = ("uam", "formats")
+
+
+class ReliabilityError(StacklibError):
+    """A campaign lost a message, delivered a corrupt one, or crashed."""
+
+
+@attrs.frozen
+class FaultsParams:
+    """What ``stacklib bench faults`` runs."""
+
+    #: UAM requests sent through the faulty fabric.
+    messages: int = 100_000
+    #: The fraction of messages hit by each of loss, corruption, duplication and reordering.
+    rate: float = 0.05
+    #: Random inputs per registered format.
+    fuzz: int = 20_000
+    seed: int = 1
+    campaigns: tuple[str, ...] = CAMPAIGNS
+
+
+def _check_word(number: int) -> int:
+    return zlib.crc32(number.to_bytes(4, "big")) & 0x7FFFFFFF
+
+
+def uam_campaign(messages: int, rate: float, seed: int) -> dict[str, Any]:
+    """Send ``messages`` UAM requests from node 0 to node 1 over the simulated SBA-200 with
+    ``rate`` of loss, corruption, duplication and reordering each; verify each arrival."""
+    from stacklib.recipes import open_session, parse_recipe
+    from stacklib.sim import Simulation
+
+    recipe = parse_recipe(
+        {
+            "run": {"clock": "virtual", "seed": seed},
+            "transport": {
+                "kind": "sim-atm",
+                "ni": "sba200",
+                "faults": {"loss": rate, "corrupt": rate, "duplicate": rate, "reorder": rate},
+            },
+            "endpoint": {"segment_size": 524288, "tx_buffers": 32, "rx_buffers": 48},
+            "layers": [{"kind": "uam", "window": 8, "rto_us": 2000.0, "max_retries": 64}],
+            "workload": {"kind": "pingpong"},
+        },
+        "bench faults (uam)",
+    )
+    seen: list[int] = []
+    bad = 0
+    counters: dict[str, Any] = {}
+    simulation = Simulation(seed=seed)
+
+    async def main() -> None:
+        nonlocal bad
+        async with open_session(recipe, simulation) as session:
+            sender, receiver = session.services
+            to_receiver = session.peers[0][1]
+
+            def arrived(peer: int, number: int, check: int) -> None:
+                nonlocal bad
+                seen.append(number)
+                if check != _check_word(number):
+                    bad += 1
+
+            receiver.register_handler(arrived, index=1)  # type: ignore[attr-defined]
+            for number in range(messages):
+                await sender.request(to_receiver, 1, number, _check_word(number))  # type: ignore[attr-defined]
+            await sender.drain(to_receiver)  # type: ignore[attr-defined]
+            await receiver.wait_until(lambda: len(seen) >= messages)  # type: ignore[attr-defined]
+            counters.update(sender.statistics())
+            fabric = getattr(session.network, "fabric", None)
+            if fabric is not None:
+                counters["faults"] = dict(getattr(fabric, "fault_counts", {}))
+
+    simulation.run(main)
+    expected = list(range(messages))
+    return {
+        "tried": messages,
+        "delivered": len(seen),
+        "lost": len(set(expected) - set(seen)),
+        "corrupt": bad + (0 if seen == expected else 1),
+        "retransmitted": counters.get("retransmitted", 0),
+        "virtual_seconds": trio_seconds(simulation),
+    }
+
+
+def trio_seconds(simulation: Any) -> float:
+    """The simulation's virtual clock now, in seconds."""
+    return float(simulation.clock.current_time())
+
+
+def _mutations(info: Any, rng: random.Random, count: int) -> list[bytes]:
+    """Random inputs for a format: random bytes, and (where it can build values) bit flips and
+    truncations of a valid encoding of an empty-ish value."""
+    inputs = [rng.randbytes(rng.randrange(0, 96)) for _ in range(count // 2)]
+    seeds: list[bytes] = []
+    if info.build is not None:
+        for length in (0, 8, 64, 200):
+            for candidate in (bytes(length), rng.randbytes(length)):
+                try:
+                    seeds.append(bytes(info.build(info.parse(candidate))))
+                except Exception:  # not a valid encoding: no seed from it
+                    continue
+    while len(inputs) < count:
+        if not seeds:
+            inputs.append(rng.randbytes(rng.randrange(0, 96)))
+            continue
+        base = bytearray(rng.choice(seeds))
+        if base and rng.random() < 0.7:
+            for _ in range(rng.randrange(1, 4)):
+                bit = rng.randrange(len(base) * 8)
+                base[bit // 8] ^= 1 << (bit % 8)
+        else:
+            base = base[: rng.randrange(0, len(base) + 1)]
+        inputs.append(bytes(base))
+    return inputs
+
+
+def fuzz_formats(count: int, seed: int) -> dict[str, Any]:
+    """Feed every registered format ``count`` inputs; any exception but its documented error
+    is a crash (counted, and the first one named)."""
+    from stacklib.wire.registry import formats
+
+    rng = random.Random(seed)
+    tried = rejected = 0
+    crashes: list[str] = []
+    for name, info in formats().items():
+        expected: type[BaseException] = info.error or StacklibError
+        for data in _mutations(info, rng, count):
+            tried += 1
+            try:
+                info.parse(data)
+            except expected:
+                rejected += 1
+            except Exception as error:  # the finding this campaign exists for
+                crashes.append(f"{name}: {type(error).__name__}: {error} on {data.hex()[:64]}")
+    return {
+        "tried": tried,
+        "delivered": tried - rejected - len(crashes),
+        "lost": 0,
+        "corrupt": len(crashes),
+        "retransmitted": 0,
+        "rejected": rejected,
+        "first_crash": crashes[0] if crashes else "",
+    }
+
+
+CAMPAIGN_RUNNERS: dict[str, Callable[[FaultsParams], dict[str, Any]]] = {
+    "uam": lambda p: uam_campaign(p.messages, p.rate, p.seed),
+    "formats": lambda p: fuzz_formats(p.fuzz, p.seed),
+}
+
+
+def bench_faults(params: FaultsParams | None = None) -> Result:
+    """Run the campaigns of ``params``; raise :class:`ReliabilityError` naming every campaign
+    that lost, corrupted or crashed (the result is attached as ``error.result``)."""
+    params = params or FaultsParams()
+    unknown = [c for c in params.campaigns if c not in CAMPAIGN_RUNNERS]
+    if unknown:
+        raise ValueError(f"no campaign {unknown[0]!r} (campaigns: {', '.join(CAMPAIGN_RUNNERS)})")
+    rows = []
+    failures = []
+    for campaign in params.campaigns:
+        start = time.perf_counter()
+        row = CAMPAIGN_RUNNERS[campaign](params)
+        row["campaign"] = campaign
+        row["wall_s"] = time.perf_counter() - start
+        rows.append(row)
+        if row["lost"] or row["corrupt"]:
+            failures.append(f"{campaign}: {row['lost']} lost, {row['corrupt']} corrupt or crashed")
+    result = Result(
+        title=f"Reliability under faults (rate {params.rate:g} each, seed {params.seed})",
+        columns=[
+            Column("campaign", "campaign"),
+            Column("tried", "tried"),
+            Column("delivered", "delivered / parsed"),
+            Column("lost", "lost"),
+            Column("corrupt", "corrupt or crashed"),
+            Column("retransmitted", "retransmitted"),
+            Column("wall_s", "wall", "s", 1),
+        ],
+        rows=rows,
+    )
+    if failures:
+        error = ReliabilityError("; ".join(failures))
+        error.result = result  # type: ignore[attr-defined]
+        raise error
+    return result

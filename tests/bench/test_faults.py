@@ -1,0 +1,54 @@
+"""``stacklib bench faults``: the reliability run finds what it exists to find."""
+
+from __future__ import annotations
+
+import pytest
+
+from stacklib.bench.faults import (
+    FaultsParams,
+    ReliabilityError,
+    bench_faults,
+    fuzz_formats,
+    uam_campaign,
+)
+from stacklib.errors import FormatError
+from stacklib.wire import registry
+
+
+def test_uam_through_faults_of_every_kind_loses_nothing_and_is_deterministic() -> None:
+    first = uam_campaign(1500, 0.05, seed=3)
+    assert first["delivered"] == 1500 and first["lost"] == 0 and first["corrupt"] == 0
+    assert first["retransmitted"] > 0  # the faults did bite
+    assert uam_campaign(1500, 0.05, seed=3) == first
+
+
+def test_every_registered_format_survives_the_fuzzing() -> None:
+    row = fuzz_formats(300, seed=5)
+    assert row["corrupt"] == 0, row["first_crash"]
+    assert row["tried"] == 300 * len(registry.formats())
+    assert row["rejected"] > 0
+
+
+class ToyError(FormatError):
+    pass
+
+
+def test_a_parser_that_crashes_is_named() -> None:
+    def crashy(data: bytes) -> int:
+        if len(data) < 1:
+            raise ToyError("empty")
+        return data[5]  # IndexError on short input: not the documented error
+
+    registry.register("test-crashy", crashy, lambda v: [], "crashes", error=ToyError)
+    try:
+        with pytest.raises(ReliabilityError, match=r"formats: 0 lost, [1-9][0-9]* corrupt") as info:
+            bench_faults(FaultsParams(fuzz=50, campaigns=("formats",)))
+        (row,) = info.value.result.rows  # type: ignore[attr-defined]
+        assert "test-crashy: IndexError" in row["first_crash"]
+    finally:
+        registry.FORMATS.unregister("test-crashy")
+
+
+def test_unknown_campaign_is_refused() -> None:
+    with pytest.raises(ValueError, match="no campaign 'tcp'"):
+        bench_faults(FaultsParams(campaigns=("tcp",)))
