@@ -404,18 +404,18 @@ sys.exit(0 if back == data[::-1] else 1)
 async def test_the_kernels_large_ping_is_answered_in_fragments(ns: str) -> None:
     from stacklib.layers.ip.driver import IpEtherLayer, IpEtherParams
 
-    async with open_tap(netns=ns, address="10.99.0.1/24") as tap:
-        async with IpEtherLayer(IpEtherParams(address="10.99.0.2")).open(tap) as ip:
-            argv = netns_argv(ns, "ping", "-n", "-c", "1", "-s", "4000", "-W", str(TIMEOUT))
-            with trio.fail_after(TIMEOUT):
-                ping = await trio.run_process(
-                    [*argv, "10.99.0.2"], check=False, capture_stdout=True
-                )
-            assert ping.returncode == 0, ping.stdout
-            assert b"4008 bytes from 10.99.0.2" in ping.stdout
-            stats = ip.statistics()
-            assert stats["echo_replies"] == 1 and stats["reassembled"] == 1
-            assert stats["fragmented"] == 1 and stats["fragments_sent"] == 3  # 1480+1480+1048
+    async with (
+        open_tap(netns=ns, address="10.99.0.1/24") as tap,
+        IpEtherLayer(IpEtherParams(address="10.99.0.2")).open(tap) as ip,
+    ):
+        argv = netns_argv(ns, "ping", "-n", "-c", "1", "-s", "4000", "-W", str(TIMEOUT))
+        with trio.fail_after(TIMEOUT):
+            ping = await trio.run_process([*argv, "10.99.0.2"], check=False, capture_stdout=True)
+        assert ping.returncode == 0, ping.stdout
+        assert b"4008 bytes from 10.99.0.2" in ping.stdout
+        stats = ip.statistics()
+        assert stats["echo_replies"] == 1 and stats["reassembled"] == 1
+        assert stats["fragmented"] == 1 and stats["fragments_sent"] == 3  # 1480+1480+1048
 
 
 async def test_8_kb_udp_datagrams_both_ways_with_the_kernel(ns: str) -> None:
@@ -423,30 +423,30 @@ async def test_8_kb_udp_datagrams_both_ways_with_the_kernel(ns: str) -> None:
     from stacklib.layers.udp import UdpLayer, UdpParams
 
     data = bytes(range(256)) * 32 + b"kernel"  # 8198 bytes: six fragments at MTU 1500
-    async with open_tap(netns=ns, address="10.99.0.1/24") as tap:
-        async with (
-            IpEtherLayer(IpEtherParams(address="10.99.0.2")).open(tap) as ip,
-            UdpLayer(UdpParams()).open(ip) as udp,
-        ):
-            sock = await udp.bind(6000)
-            kernel: list[subprocess.CompletedProcess[bytes]] = []
+    async with (
+        open_tap(netns=ns, address="10.99.0.1/24") as tap,
+        IpEtherLayer(IpEtherParams(address="10.99.0.2")).open(tap) as ip,
+        UdpLayer(UdpParams()).open(ip) as udp,
+    ):
+        sock = await udp.bind(6000)
+        kernel: list[subprocess.CompletedProcess[bytes]] = []
 
-            async def run_kernel() -> None:
-                script = KERNEL_UDP % {"timeout": TIMEOUT}
-                argv = netns_argv(ns, sys.executable, "-c", script)
-                kernel.append(await trio.run_process(argv, check=False, capture_stdout=True))
+        async def run_kernel() -> None:
+            script = KERNEL_UDP % {"timeout": TIMEOUT}
+            argv = netns_argv(ns, sys.executable, "-c", script)
+            kernel.append(await trio.run_process(argv, check=False, capture_stdout=True))
 
-            with trio.fail_after(2 * TIMEOUT):
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(run_kernel)
-                    got, (source, port) = await sock.recvfrom()
-                    assert (got, source, port) == (data, "10.99.0.1", 5000)
-                    await sock.sendto(got[::-1], (source, port))
-            assert kernel[0].returncode == 0, kernel[0].stdout
-            digest = hashlib.sha256(data[::-1]).hexdigest()
-            assert kernel[0].stdout.decode().split() == [digest, "8198", "10.99.0.2", "6000"]
-            stats = ip.statistics()
-            assert stats["reassembled"] == 1 and stats["fragments_sent"] == 6
+        with trio.fail_after(2 * TIMEOUT):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run_kernel)
+                got, (source, port) = await sock.recvfrom()
+                assert (got, source, port) == (data, "10.99.0.1", 5000)
+                await sock.sendto(got[::-1], (source, port))
+        assert kernel[0].returncode == 0, kernel[0].stdout
+        digest = hashlib.sha256(data[::-1]).hexdigest()
+        assert kernel[0].stdout.decode().split() == [digest, "8198", "10.99.0.2", "6000"]
+        stats = ip.statistics()
+        assert stats["reassembled"] == 1 and stats["fragments_sent"] == 6
 
 
 # --- the tap node transport: stacklib hosts bridged by the kernel -------------------------------
