@@ -26,6 +26,7 @@ from stacklib.layers.ip import (
     UNetIpStack,
     wire,
 )
+from stacklib.layers.ip.machine import FragmentationNeeded
 from stacklib.layers.ip.wire import IcmpMessage, IcmpType, Ipv4Packet
 from stacklib.services import StreamService, UNetService
 from stacklib.sim import Simulation
@@ -121,15 +122,28 @@ async def test_ping_both_ways_and_protocol_delivery() -> None:
         assert a.statistics()["dropped"] == {"no_protocol": 1}
 
 
-async def test_send_never_fragments_and_names_the_mtu() -> None:
+async def test_send_fragments_beyond_the_mtu_and_honours_df() -> None:
     pair = make_pair()
     async with ip_pair(pair) as (a, b):
         assert a.mtu(B) == 9180  # paper 000 §7.5, below the memory transport's 65535
         proto = b.open_protocol(200)
         await a.send(B, 200, bytes(9160))
         assert len((await proto.recv())[2]) == 9160
-        with pytest.raises(LocalProtocolError, match="MTU of 9180"):
-            await a.send(B, 200, bytes(9161))
+        assert a.statistics()["fragmented"] == 0
+        big = bytes(range(251)) * 261  # 65,511 bytes: 8 fragments at 9180
+        await a.send(B, 200, big)
+        assert await proto.recv() == (A, B, big)
+        assert a.statistics()["fragmented"] == 1 and a.statistics()["fragments_sent"] == 8
+        assert b.statistics()["reassembled"] == 1
+        with pytest.raises(FragmentationNeeded, match="MTU of 9180") as refused:
+            await a.send(B, 200, bytes(9161), dont_fragment=True)
+        assert refused.value.size == 9181 and refused.value.mtu == 9180
+        await a.send(B, 200, bytes(9160), dont_fragment=True)  # fits: sent whole
+        assert len((await proto.recv())[2]) == 9160
+        with pytest.raises(LocalProtocolError, match="65535"):
+            await a.send(B, 200, bytes(65516))
+        await a.send(A, 200, big)  # loopback fragments and reassembles too
+        assert a.statistics()["fragmented"] == 2
         with pytest.raises(LocalProtocolError, match=r"no channel to 10\.0\.0\.9"):
             await a.send("10.0.0.9", 200, b"")
         with pytest.raises(ValueError):

@@ -1,4 +1,4 @@
-"""Fragment reassembly and the ARP cache, scripted at explicit times."""
+"""Fragmentation, fragment reassembly and the ARP cache, scripted at explicit times."""
 
 from __future__ import annotations
 
@@ -10,7 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stacklib.errors import LocalProtocolError
-from stacklib.layers.ip.machine import ArpCache, Reassembler, Transmit
+from stacklib.layers.ip.machine import (
+    ArpCache,
+    FragmentationNeeded,
+    Reassembler,
+    Transmit,
+    fragment,
+)
 from stacklib.layers.ip.wire import (
     BROADCAST_MAC,
     ETHERTYPE_ARP,
@@ -18,7 +24,9 @@ from stacklib.layers.ip.wire import (
     ArpOperation,
     ArpPacket,
     Ipv4Packet,
+    build_ipv4,
     parse_arp,
+    parse_ipv4,
 )
 
 DATA = bytes(range(256)) * 12  # 3072 bytes
@@ -138,6 +146,72 @@ def test_any_order_with_duplicates_reassembles_once(rng: random.Random, size: in
 
 MAC_A = bytes.fromhex("020000000001")
 MAC_B = bytes.fromhex("020000000002")
+
+
+# --- fragmentation ------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    size=st.integers(0, 65515),
+    mtu=st.integers(68, 65535),
+    seed=st.integers(0, 2**32 - 1),
+    options=st.sampled_from([b"", bytes([0x94, 4, 0, 0]), bytes([7, 7, 4]) + bytes(5)]),
+)
+def test_any_datagram_fragmented_at_any_mtu_reassembles_in_any_order(
+    size: int, mtu: int, seed: int, options: bytes
+) -> None:
+    rng = random.Random(seed)
+    data = rng.randbytes(max(0, size - len(options)))
+    datagram = Ipv4Packet("10.0.0.2", "10.0.0.1", 17, data, identification=seed & 0xFFFF,
+                          options=options)  # fmt: skip
+    pieces = fragment(datagram, mtu)
+    wires = [build_ipv4(p) for p in pieces]  # each is a valid packet within the MTU
+    assert all(len(w) <= mtu for w in wires)
+    assert all(p.fragment_offset % 8 == 0 for p in pieces)
+    assert [p.more_fragments for p in pieces] == [True] * (len(pieces) - 1) + [False]
+    if len(pieces) == 1:
+        assert pieces == [datagram]
+        return
+    # The router-alert option (0x94, copied) goes into every fragment; record route does not.
+    assert all(p.options == (options if options[:1] != b"\x07" else b"") for p in pieces[1:])
+    received = [parse_ipv4(w) for w in wires]
+    received += rng.choices(received, k=rng.randint(0, 3))  # duplicates
+    rng.shuffle(received)
+    r = Reassembler(max_bytes=1 << 17)
+    out = feed(r, received)
+    # Duplicates that arrive after completion may complete the datagram again (IP has no
+    # memory of finished datagrams): every datagram delivered is the original.
+    assert out and all(o == datagram for o in out)
+
+
+def test_df_refuses_and_names_the_sizes() -> None:
+    datagram = Ipv4Packet("10.0.0.2", "10.0.0.1", 17, bytes(1481), dont_fragment=True)
+    with pytest.raises(FragmentationNeeded, match=r"1501 bytes .* MTU of 1500 .* DF") as error:
+        fragment(datagram, 1500)
+    assert (error.value.size, error.value.mtu) == (1501, 1500)
+    assert fragment(attrs.evolve(datagram, payload=bytes(1480)), 1500) == [
+        attrs.evolve(datagram, payload=bytes(1480))
+    ]
+    with pytest.raises(ValueError, match="at least 68"):
+        fragment(datagram, 67)
+
+
+def test_fragments_are_cut_at_multiples_of_eight() -> None:
+    datagram = Ipv4Packet("10.0.0.2", "10.0.0.1", 1, bytes(4008), identification=9)
+    pieces = fragment(datagram, 1500)  # ping -s 4000: 1480 + 1480 + 1048
+    assert [(p.fragment_offset, len(p.payload), p.more_fragments) for p in pieces] == [
+        (0, 1480, True),
+        (1480, 1480, True),
+        (2960, 1048, False),
+    ]
+    assert {p.identification for p in pieces} == {9}
+    again = fragment(pieces[1], 572)  # a fragment fragmented again keeps its offset and MF
+    assert [(p.fragment_offset, p.more_fragments) for p in again] == [
+        (1480, True),
+        (2032, True),
+        (2584, True),
+    ]
 
 
 def arp_of(t: Transmit) -> ArpPacket:

@@ -200,8 +200,14 @@ async def test_mtu_ports_and_closing() -> None:
         receiver = await b.bind(7)
         await sock.sendto(bytes(9180 - 28), (B, 7))  # exactly the MTU
         assert len((await receiver.recvfrom())[0]) == 9152
-        with pytest.raises(LocalProtocolError, match="MTU of 9180"):
-            await sock.sendto(bytes(9180 - 27), (B, 7))
+        assert b.ip.statistics()["reassembled"] == 0
+        big = bytes(range(256)) * 255 + bytes(227)  # 65,507 bytes: the most one datagram holds
+        await sock.sendto(big, (B, 7))  # IP fragments it
+        assert await receiver.recvfrom() == (big, (A, 7))
+        assert b.ip.statistics()["reassembled"] == 1
+        assert a.max_message == 65507
+        with pytest.raises(LocalProtocolError, match="65507 bytes"):
+            await sock.sendto(bytes(65508), (B, 7))
         with pytest.raises(LocalProtocolError, match="already bound"):
             await a.bind(7)
         for bad in ((B, 0), (B, 70000), ("10.0.0", 7)):

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import functools
 import gc
+import hashlib
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -381,6 +383,70 @@ async def test_the_ip_layer_over_a_tap_answers_the_kernels_ping(ns: str) -> None
             assert ip.statistics()["echo_replies"] == 1
         frames_out = tap.statistics()["frames_out"]
         assert isinstance(frames_out, int) and frames_out >= 2  # ARP reply, echo reply
+
+
+# The kernel's side of the 8 KB UDP exchange: send a datagram to stacklib from port 5000, then
+# expect it back reversed; print the SHA-256 of what came back.
+KERNEL_UDP = """
+import hashlib, socket, sys
+data = bytes(range(256)) * 32 + b"kernel"
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("10.99.0.1", 5000))
+s.settimeout(%(timeout)s)
+s.sendto(data, ("10.99.0.2", 6000))
+back, peer = s.recvfrom(65535)
+print(hashlib.sha256(back).hexdigest(), len(back), peer[0], peer[1])
+sys.exit(0 if back == data[::-1] else 1)
+"""
+
+
+@pytest.mark.skipif(shutil.which("ping") is None, reason="needs ping -s (iputils)")
+async def test_the_kernels_large_ping_is_answered_in_fragments(ns: str) -> None:
+    from stacklib.layers.ip.driver import IpEtherLayer, IpEtherParams
+
+    async with (
+        open_tap(netns=ns, address="10.99.0.1/24") as tap,
+        IpEtherLayer(IpEtherParams(address="10.99.0.2")).open(tap) as ip,
+    ):
+        argv = netns_argv(ns, "ping", "-n", "-c", "1", "-s", "4000", "-W", str(TIMEOUT))
+        with trio.fail_after(TIMEOUT):
+            ping = await trio.run_process([*argv, "10.99.0.2"], check=False, capture_stdout=True)
+        assert ping.returncode == 0, ping.stdout
+        assert b"4008 bytes from 10.99.0.2" in ping.stdout
+        stats = ip.statistics()
+        assert stats["echo_replies"] == 1 and stats["reassembled"] == 1
+        assert stats["fragmented"] == 1 and stats["fragments_sent"] == 3  # 1480+1480+1048
+
+
+async def test_8_kb_udp_datagrams_both_ways_with_the_kernel(ns: str) -> None:
+    from stacklib.layers.ip.driver import IpEtherLayer, IpEtherParams
+    from stacklib.layers.udp import UdpLayer, UdpParams
+
+    data = bytes(range(256)) * 32 + b"kernel"  # 8198 bytes: six fragments at MTU 1500
+    async with (
+        open_tap(netns=ns, address="10.99.0.1/24") as tap,
+        IpEtherLayer(IpEtherParams(address="10.99.0.2")).open(tap) as ip,
+        UdpLayer(UdpParams()).open(ip) as udp,
+    ):
+        sock = await udp.bind(6000)
+        kernel: list[subprocess.CompletedProcess[bytes]] = []
+
+        async def run_kernel() -> None:
+            script = KERNEL_UDP % {"timeout": TIMEOUT}
+            argv = netns_argv(ns, sys.executable, "-c", script)
+            kernel.append(await trio.run_process(argv, check=False, capture_stdout=True))
+
+        with trio.fail_after(2 * TIMEOUT):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run_kernel)
+                got, (source, port) = await sock.recvfrom()
+                assert (got, source, port) == (data, "10.99.0.1", 5000)
+                await sock.sendto(got[::-1], (source, port))
+        assert kernel[0].returncode == 0, kernel[0].stdout
+        digest = hashlib.sha256(data[::-1]).hexdigest()
+        assert kernel[0].stdout.decode().split() == [digest, "8198", "10.99.0.2", "6000"]
+        stats = ip.statistics()
+        assert stats["reassembled"] == 1 and stats["fragments_sent"] == 6
 
 
 # --- the tap node transport: stacklib hosts bridged by the kernel -------------------------------

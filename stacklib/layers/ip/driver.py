@@ -23,12 +23,16 @@ a real host can ping it: ICMP echo requests are answered (both modes).  Every de
 on-link (no routing table, no gateway).
 
 Common to both (paper 000 §7.5): the receive side is liberal and reassembles fragments
-(:class:`~stacklib.layers.ip.machine.Reassembler`); the send side never fragments: a packet
-over the MTU is a :class:`~stacklib.errors.LocalProtocolError` naming the MTU, and packets go
-out with DF set.  No forwarding: packets for other addresses are dropped (``not_for_us``).
-Malformed input is dropped and counted by reason (``statistics()["dropped"]``).  Transport
-protocols receive through :meth:`IpStack.open_protocol`; a protocol nobody opened is dropped
-(``no_protocol``).  Tasks: a receive loop, and a timer task for reassembly (and ARP) deadlines.
+(:class:`~stacklib.layers.ip.machine.Reassembler`).  A packet that fits the MTU goes out whole
+with DF set, as paper 000's IP over U-Net sends everything; a larger datagram (up to 65,535
+bytes) is cut into fragments by :func:`~stacklib.layers.ip.machine.fragment` (counted:
+``fragmented`` datagrams, ``fragments_sent``), unless the sender asked for DF
+(``send(..., dont_fragment=True)``), which raises :class:`~stacklib.layers.ip.machine.
+FragmentationNeeded` naming the size and the MTU.  No forwarding: packets for other addresses
+are dropped (``not_for_us``).  Malformed input is dropped and counted by reason
+(``statistics()["dropped"]``).  Transport protocols receive through
+:meth:`IpStack.open_protocol`; a protocol nobody opened is dropped (``no_protocol``).  Tasks: a
+receive loop, and a timer task for reassembly (and ARP) deadlines.
 Any task may send: the services below accept concurrent senders.
 """
 
@@ -48,13 +52,14 @@ import trio
 import trio.lowlevel
 
 from stacklib.errors import AssemblyError, LocalProtocolError
-from stacklib.layers.ip.machine import ArpCache, Reassembler
+from stacklib.layers.ip.machine import ArpCache, Reassembler, fragment
 from stacklib.layers.ip.service import FrameService, IpService, ProtocolEndpoint
 from stacklib.layers.ip.wire import (
     BROADCAST_MAC,
     ETHERTYPE_ARP,
     ETHERTYPE_IPV4,
     IPV4_HEADER_SIZE,
+    MAX_PACKET,
     ArpFormatError,
     EthernetFormatError,
     EthernetFrame,
@@ -63,9 +68,11 @@ from stacklib.layers.ip.wire import (
     IcmpType,
     IpProtocol,
     Ipv4FormatError,
+    Ipv4Packet,
     address_sum,
     build_ethernet,
     build_icmp,
+    build_ipv4,
     build_ipv4_simple,
     build_ipv4_summed,
     ip_bytes,
@@ -239,6 +246,8 @@ class IpStack(IpService):
                 "echo_requests",
                 "echo_replies",
                 "reassembled",
+                "fragmented",
+                "fragments_sent",
             ),
             0,
         )
@@ -253,23 +262,35 @@ class IpStack(IpService):
         return self._address
 
     async def send(
-        self, dst: str, protocol: int, payload: _Buffer, *, ttl: int | None = None
+        self,
+        dst: str,
+        protocol: int,
+        payload: _Buffer,
+        *,
+        ttl: int | None = None,
+        dont_fragment: bool = False,
     ) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()
         if self._closed:
             raise trio.ClosedResourceError("the IP layer is closed")
         ident = self._next_id
-        packet = self._packet(dst, protocol, payload, ttl, ident)
+        packets = self._packets(dst, protocol, payload, ttl, ident, dont_fragment)
         self._next_id = (ident + 1) & 0xFFFF
-        self._counts["sent"] += 1
-        self._counts["sent_bytes"] += len(packet)
+        counts = self._counts
+        counts["sent"] += 1
+        if len(packets) > 1:
+            counts["fragmented"] += 1
+            counts["fragments_sent"] += len(packets)
+        for packet in packets:
+            counts["sent_bytes"] += len(packet)
+            if dst == self._address:
+                reply = self._input(packet, None)  # loopback
+                if reply is not None:
+                    await self._answer(reply)
+            else:
+                await self._transmit(dst, packet)
         if dst == self._address:
-            reply = self._input(packet, None)  # loopback
-            if reply is not None:
-                await self._answer(reply)
             await trio.lowlevel.cancel_shielded_checkpoint()
-            return
-        await self._transmit(dst, packet)
 
     def send_nowait(
         self, dst: str, protocol: int, payload: _Buffer, *, ttl: int | None = None
@@ -279,40 +300,55 @@ class IpStack(IpService):
         (the caller then uses :meth:`send`).  Errors as :meth:`send`.
 
         For a transport with its own output queue (TCP): a segment goes out from the task that
-        made it rather than through a sender task, a task hand-off less per segment.  Loopback
-        and links that cannot send without waiting (ARP, a modeled host CPU) always block.
+        made it rather than through a sender task, a task hand-off less per segment.  Loopback,
+        a datagram that needs fragmenting and links that cannot send without waiting (ARP, a
+        modeled host CPU) always block.
         """
         if self._closed:
             raise trio.ClosedResourceError("the IP layer is closed")
         if dst == self._address:
             raise trio.WouldBlock  # loopback may answer a ping, which may wait: use send()
         ident = self._next_id
-        packet = self._packet(dst, protocol, payload, ttl, ident)
-        if not self._transmit_nowait(dst, packet):
+        packets = self._packets(dst, protocol, payload, ttl, ident, False)
+        if len(packets) != 1 or not self._transmit_nowait(dst, packets[0]):
             raise trio.WouldBlock
         self._next_id = (ident + 1) & 0xFFFF
         self._counts["sent"] += 1
-        self._counts["sent_bytes"] += len(packet)
+        self._counts["sent_bytes"] += len(packets[0])
 
-    def _packet(
-        self, dst: str, protocol: int, payload: _Buffer, ttl: int | None, ident: int
-    ) -> bytes:
-        """The whole packet to send, after the MTU check (IP never fragments on send)."""
+    def _packets(
+        self,
+        dst: str,
+        protocol: int,
+        payload: _Buffer,
+        ttl: int | None,
+        ident: int,
+        dont_fragment: bool,
+    ) -> list[bytes]:
+        """The packets that carry one datagram: a single packet when it fits the MTU (sent
+        with DF set, the fast path), else its fragments (RFC 791 §3.2)."""
         mtu = self.mtu(dst)
         total = IPV4_HEADER_SIZE + len(payload)
-        if total > mtu:
+        ttl = self._ttl if ttl is None else ttl
+        if total <= mtu:
+            return [
+                build_ipv4_simple(self._address_bytes, ip_bytes(dst), protocol, payload, ttl, ident)
+            ]
+        if total > MAX_PACKET:
             raise LocalProtocolError(
-                f"IP: packet of {total} bytes to {dst} exceeds the MTU of {mtu} bytes "
-                "(IP over U-Net never fragments, paper 000 §7.5)"
+                f"IP: datagram of {total} bytes to {dst} exceeds IPv4's limit of {MAX_PACKET} "
+                f"bytes (at most {MAX_PACKET - IPV4_HEADER_SIZE} bytes of payload)"
             )
-        return build_ipv4_simple(
-            self._address_bytes,
-            ip_bytes(dst),
+        datagram = Ipv4Packet(
+            self._address,
+            dst,
             protocol,
-            payload,
-            self._ttl if ttl is None else ttl,
-            ident,
+            bytes(payload),
+            ttl,
+            identification=ident,
+            dont_fragment=dont_fragment,
         )
+        return [build_ipv4(piece) for piece in fragment(datagram, mtu)]
 
     def open_protocol(self, protocol: int) -> ProtocolEndpoint:
         if isinstance(protocol, bool) or not isinstance(protocol, int) or not 0 <= protocol <= 255:
@@ -553,7 +589,7 @@ class UNetIpStack(IpStack):
             self._fast[dst] = route
         size = IPV4_HEADER_SIZE + len(payload)
         if self._closed or endpoint is None or size > self._mtu:
-            super().send_nowait(dst, protocol, payload, ttl=ttl)  # raises
+            super().send_nowait(dst, protocol, payload, ttl=ttl)  # raises (WouldBlock if big)
             return
         ident = self._next_id
         channel, dst_bytes, addresses = route
@@ -712,7 +748,7 @@ def _run(stack: UNetIpStack | IpEtherStack) -> AbstractAsyncContextManager[Any]:
 
 @register_layer
 class IpLayer(Layer[IpParams]):
-    """IPv4 over U-Net: one channel per peer, MTU 9 KB, no send fragmentation (paper 000 §7)."""
+    """IPv4 over U-Net: one channel per peer, MTU 9 KB (paper 000 §7); fragments beyond it."""
 
     name = "ip"
     requires = DatagramService

@@ -1,16 +1,24 @@
-"""Sans-IO parts of IP: fragment reassembly and the ARP cache.  No I/O, no clock: every input
-takes ``now`` (seconds), timers are numbers reported by ``get_timer()``.
+"""Sans-IO parts of IP: fragmentation, fragment reassembly and the ARP cache.  No I/O, no
+clock: every input takes ``now`` (seconds), timers are numbers reported by ``get_timer()``.
 
-**Reassembly** (RFC 791 §3.2, RFC 815).  Paper 000 §7.5: IP over U-Net never fragments on send
-but its receive side "is liberal in the messages that it accepts", so a peer's fragments are
-put back together.  Fragments are keyed by (source, destination, protocol, identification).  A
-datagram's first fragment starts its timer (``timeout``, default 30 s as Linux's
-``ipfrag_time``); if it is not complete by then it is dropped and counted (``timeouts``).
-Duplicates are ignored; overlapping fragments are accepted when the overlapping bytes agree and
-the whole datagram is dropped when they do not (``overlap_conflicts``): with two different
-versions of the same bytes there is no right answer, and this is the ambiguity that teardrop-
-style attacks and RFC 5722 are about.  Limits bound memory: ``max_datagrams`` in progress (the
-oldest is evicted) and ``max_bytes`` buffered in all.
+**Fragmentation** (RFC 791 §2.3, §3.2).  :func:`fragment` cuts a datagram larger than the MTU
+into fragments whose data lengths are multiples of 8 (the offset's unit), all but the last with
+MF set; options with the "copied" flag go into every fragment, the others into the first only.
+A datagram with DF set that does not fit is refused: :class:`FragmentationNeeded` names the
+size and the MTU (what a router would report with ICMP "fragmentation needed", RFC 1191).
+Paper 000 §7.5's IP over U-Net never fragments (its 9 KB MTU made that unnecessary); stacklib
+fragments what exceeds the MTU so that a real host's 4 KB ping over a 1500-byte Ethernet is
+answered, while packets that fit take the unfragmented fast path unchanged.
+
+**Reassembly** (RFC 791 §3.2, RFC 815).  The receive side "is liberal in the messages that it
+accepts" (paper 000 §7.5), so a peer's fragments are put back together.  Fragments are keyed by
+(source, destination, protocol, identification).  A datagram's first fragment starts its timer
+(``timeout``, default 30 s as Linux's ``ipfrag_time``); if it is not complete by then it is dropped
+and counted (``timeouts``).  Duplicates are ignored; overlapping fragments are accepted when the
+overlapping bytes agree and the whole datagram is dropped when they do not (``overlap_conflicts``):
+with two different versions of the same bytes there is no right answer, and this is the ambiguity
+that teardrop-style attacks and RFC 5722 are about.  Limits bound memory: ``max_datagrams`` in
+progress (the oldest is evicted) and ``max_bytes`` buffered in all.
 
 **ARP** (RFC 826, with the timers of RFC 1122 §2.3.2.1 left to parameters).  :class:`ArpCache`
 maps IPv4 addresses to MACs.  :meth:`ArpCache.resolve` either returns the MAC or queues the
@@ -33,6 +41,7 @@ from stacklib.layers.ip.wire import (
     BROADCAST_MAC,
     ETHERTYPE_ARP,
     ETHERTYPE_IPV4,
+    IPV4_HEADER_SIZE,
     MAX_PACKET,
     ArpOperation,
     ArpPacket,
@@ -43,12 +52,86 @@ from stacklib.layers.ip.wire import (
 __all__ = [
     "ArpCache",
     "ArpStatistics",
+    "FragmentationNeeded",
     "Reassembler",
     "ReassemblyStatistics",
     "Transmit",
+    "fragment",
 ]
 
 _Key = tuple[str, str, int, int]
+
+
+MIN_MTU = 68  #: RFC 791: every module must forward a 68-byte datagram without fragmenting
+
+
+class FragmentationNeeded(LocalProtocolError):
+    """A datagram with DF set is larger than the MTU (RFC 791 §3.2; ICMP type 3 code 4)."""
+
+    def __init__(self, size: int, mtu: int, dst: str) -> None:
+        self.size = size
+        self.mtu = mtu
+        super().__init__(
+            f"IP: datagram of {size} bytes to {dst} exceeds the MTU of {mtu} bytes and has "
+            "DF (don't fragment) set: fragmentation needed"
+        )
+
+
+def _copied_options(options: bytes) -> bytes:
+    """The options RFC 791 copies into every fragment (type's top bit set), padded to words."""
+    kept = bytearray()
+    i = 0
+    while i < len(options):
+        kind = options[i]
+        if kind == 0:  # end of option list
+            break
+        if kind == 1:  # no-operation: one byte
+            i += 1
+            continue
+        length = options[i + 1] if i + 1 < len(options) else 0
+        if length < 2:
+            break  # malformed: copy nothing further
+        if kind & 0x80:
+            kept += options[i : i + length]
+        i += length
+    kept += bytes(-len(kept) % 4)
+    return bytes(kept)
+
+
+def fragment(packet: Ipv4Packet, mtu: int) -> list[Ipv4Packet]:
+    """``packet`` as fragments of at most ``mtu`` bytes each, header included (RFC 791 §3.2).
+
+    A packet that fits is returned alone, unchanged.  Each fragment keeps the datagram's
+    identification; data is cut at multiples of 8 bytes.  A fragment of a fragment keeps the
+    offsets and the MF of the original.  Raises :class:`FragmentationNeeded` if DF is set and
+    the packet does not fit, ValueError if ``mtu`` is below RFC 791's 68 bytes.
+    """
+    if mtu < MIN_MTU:
+        raise ValueError(f"an IPv4 MTU is at least {MIN_MTU} bytes, got {mtu}")
+    if packet.total_length <= mtu:
+        return [packet]
+    if packet.dont_fragment:
+        raise FragmentationNeeded(packet.total_length, mtu, packet.dst)
+    payload = packet.payload
+    later_options = _copied_options(packet.options)
+    pieces: list[Ipv4Packet] = []
+    start = 0
+    while start < len(payload):
+        options = packet.options if start == 0 else later_options
+        room = (mtu - IPV4_HEADER_SIZE - len(options)) & ~7
+        end = min(start + room, len(payload))
+        last = end == len(payload)
+        pieces.append(
+            attrs.evolve(
+                packet,
+                payload=payload[start:end],
+                options=options,
+                fragment_offset=packet.fragment_offset + start,
+                more_fragments=packet.more_fragments or not last,
+            )
+        )
+        start = end
+    return pieces
 
 
 @attrs.frozen

@@ -79,19 +79,27 @@ class IpService(Service):
     def mtu(self, peer: str) -> int:
         """The largest IP packet (header included) :meth:`send` accepts for ``peer``.
 
-        IP never fragments on send (paper 000 §7.5), so a transport must fit its segments in
-        ``mtu(peer) - 20``.  Raises :class:`~stacklib.errors.LocalProtocolError` if ``peer``
-        is unreachable.
+        Larger datagrams are fragmented; a transport that wants whole packets (TCP) fits its
+        segments in ``mtu(peer) - 20``.  Raises :class:`~stacklib.errors.LocalProtocolError`
+        if ``peer`` is unreachable.
         """
 
     @abc.abstractmethod
     async def send(
-        self, dst: str, protocol: int, payload: _Buffer, *, ttl: int | None = None
+        self,
+        dst: str,
+        protocol: int,
+        payload: _Buffer,
+        *,
+        ttl: int | None = None,
+        dont_fragment: bool = False,
     ) -> None:
-        """Send ``payload`` to ``dst`` as one unfragmented IP packet of ``protocol``.
+        """Send ``payload`` to ``dst`` as one IP datagram of ``protocol``, in fragments if it
+        exceeds ``mtu(dst)`` (RFC 791 §3.2).
 
-        Raises :class:`~stacklib.errors.LocalProtocolError` naming the MTU if the packet would
-        exceed ``mtu(dst)``, or if ``dst`` is unreachable.
+        Raises :class:`~stacklib.errors.LocalProtocolError` if ``dst`` is unreachable, if the
+        datagram exceeds 65,535 bytes, or (its subclass ``FragmentationNeeded``, naming the
+        MTU) if ``dont_fragment`` is set and the datagram exceeds ``mtu(dst)``.
         """
 
     @abc.abstractmethod
@@ -129,7 +137,8 @@ class UdpSocket(abc.ABC):
 
     @abc.abstractmethod
     async def sendto(self, data: _Buffer, address: tuple[str, int]) -> None:
-        """Send ``data`` as one datagram to (ip, port); never fragmented (paper 000 §7.5)."""
+        """Send ``data`` (at most 65,507 bytes) as one datagram to (ip, port); IP fragments it
+        if it exceeds the path's MTU."""
 
     @abc.abstractmethod
     async def recvfrom(self) -> tuple[bytes, tuple[str, int]]:

@@ -537,7 +537,7 @@ def build_ipv4_simple(
 ) -> bytes:
     """What :func:`build_ipv4` makes of an :class:`Ipv4Packet` with Don't Fragment set and no
     options, TOS or fragmentation, from its fields (``src`` and ``dst`` as 4 bytes), without
-    the packet object: the send path of IP over U-Net (paper 000 §7.5: never fragments)."""
+    the packet object: the send path of a packet that fits the MTU (paper 000 §7.5)."""
     if len(src) != 4 or len(dst) != 4:
         raise ValueError("IPv4 header field out of range: addresses are 4 bytes")
     return build_ipv4_summed(

@@ -53,6 +53,7 @@ from stacklib.errors import LocalProtocolError
 from stacklib.layers.ip.service import IpService, ProtocolEndpoint, UdpService, UdpSocket
 from stacklib.layers.ip.wire import (
     IPV4_HEADER_SIZE,
+    MAX_PACKET,
     IpProtocol,
     copy_with_sum,
     ip_bytes,
@@ -67,11 +68,13 @@ from stacklib.stack import Layer, register_layer, serve
 if TYPE_CHECKING:
     from stacklib.sim.resources import Resource
 
-__all__ = ["UdpLayer", "UdpParams", "UdpSocketImpl", "UdpStack"]
+__all__ = ["MAX_DATA", "UdpLayer", "UdpParams", "UdpSocketImpl", "UdpStack"]
 
 _Buffer = bytes | bytearray | memoryview
 _UDP = int(IpProtocol.UDP)
 EPHEMERAL = range(49152, 65536)  #: IANA's dynamic ports, for bind(0)
+#: The most data one datagram carries: 65,535 less the IPv4 and UDP headers (IP fragments it).
+MAX_DATA = MAX_PACKET - IPV4_HEADER_SIZE - HEADER_SIZE
 _unpack = HEADER_CODEC.unpack
 _pack = HEADER_CODEC.pack
 
@@ -292,10 +295,8 @@ class UdpStack(UdpService):
 
     @property
     def max_message(self) -> int:
-        """The largest datagram every peer's MTU takes (IP never fragments on send)."""
-        overhead = IPV4_HEADER_SIZE + HEADER_SIZE
-        mtus = [self.ip.mtu(address) for address in self._addresses().values()]
-        return max(0, min(mtus, default=overhead) - overhead)
+        """The largest UDP datagram: 65,507 bytes (IP fragments what exceeds a peer's MTU)."""
+        return MAX_DATA
 
     async def send(self, peer: int, data: bytes | bytearray | memoryview) -> None:
         """Send ``data`` to the datagram face of ``peer`` (its address, :attr:`UdpParams.port`)."""
@@ -339,13 +340,12 @@ class UdpStack(UdpService):
         except ValueError as error:
             raise LocalProtocolError(f"UDP: {error}") from None
         length = HEADER_SIZE + len(data)
-        mtu = self.ip.mtu(dst)
-        if IPV4_HEADER_SIZE + length > mtu:
+        if length - HEADER_SIZE > MAX_DATA:
             raise LocalProtocolError(
-                f"UDP: datagram of {len(data)} bytes to {dst} exceeds the MTU of {mtu} bytes "
-                f"(at most {mtu - IPV4_HEADER_SIZE - HEADER_SIZE} bytes of data; IP over U-Net "
-                "never fragments, paper 000 §7.5)"
+                f"UDP: datagram of {len(data)} bytes to {dst} exceeds the largest IPv4 carries "
+                f"({MAX_DATA} bytes of data)"
             )
+        self.ip.mtu(dst)  # an unreachable destination raises before any cost is charged
         src = self.ip.address
         if sock.policy.tx:
             # Copy the data into the packet and sum it in one call (integrated layer

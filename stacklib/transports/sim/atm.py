@@ -27,7 +27,7 @@ from __future__ import annotations
 from stacklib.compiled import mypyc_attr
 from stacklib.sim import Host
 from stacklib.sim.pipeline import stage
-from stacklib.transports.sim.fabric import Fabric, Packet
+from stacklib.transports.sim.fabric import Fabric, Packet, link_check_fails
 from stacklib.transports.sim.links import LinkTech
 from stacklib.transports.sim.ni import SimAddress, SimNI
 from stacklib.transports.sim.params import SINGLE_CELL_MAX, I960Params, Sba100Params
@@ -65,6 +65,8 @@ class I960NI(SimNI):
             tx_backlog=params.output_fifo_cells * (link or fabric.tech).shape(1).per_unit,
         )
         self.params = params
+        #: PDUs whose CRC-32 failed on wire errors (each also a ``corrupted`` drop).
+        self.crc_errors = 0
         self._seconds_cache: tuple[I960Params, tuple[float, ...]] | None = None
         cls = type(self)
         #: No subclass replaced a hook that transmit inlines.
@@ -164,6 +166,12 @@ class I960NI(SimNI):
         self.fabric.transmit_from(self, packet, first_out, last_out)
         return True
 
+    def _rx_done(self, packet: Packet) -> None:
+        # The firmware reassembles the PDU and checks its CRC-32 (paper 000 §4.2.2).
+        if packet.corrupted and link_check_fails(packet, self.link):
+            self.crc_errors += 1
+        super()._rx_done(packet)
+
     def rx_timing(self, packet: Packet, first_in: float, last_in: float) -> float:
         p = self.params
         cached = self._seconds_cache
@@ -216,6 +224,8 @@ class Sba100NI(SimNI):
             tx_backlog=params.output_fifo_cells * cell,
         )
         self.params = params
+        #: PDUs whose CRC-32 failed on wire errors (each also a ``corrupted`` drop).
+        self.crc_errors = 0
         self.engine = host.resource("cpu")  # no NI processor: the host CPU does the NI's work
         link_and_switch = 2 * (link or fabric.tech).shape(1).per_unit + fabric.latency
         self.trap_us = max(0.0, params.trap_level_us - link_and_switch / US) / 2
@@ -251,6 +261,12 @@ class Sba100NI(SimNI):
     def tx_timing(self, nbytes: int, now: float) -> tuple[float, float, float]:
         # The cells are in the output FIFO; the link drains it at its own rate.
         return now, now, now
+
+    def _rx_done(self, packet: Packet) -> None:
+        # The user-level AAL5 library reassembles the PDU and checks its CRC-32 (§4.1).
+        if packet.corrupted and link_check_fails(packet, self.link):
+            self.crc_errors += 1
+        super()._rx_done(packet)
 
     def rx_timing(self, packet: Packet, first_in: float, last_in: float) -> float:
         cells = packet.shape.units

@@ -25,7 +25,7 @@ import attrs
 from stacklib.compiled import mypyc_attr
 from stacklib.sim import Host
 from stacklib.sim.pipeline import stage
-from stacklib.transports.sim.fabric import Fabric, Packet
+from stacklib.transports.sim.fabric import Fabric, Packet, link_check_fails
 from stacklib.transports.sim.links import LinkTech
 from stacklib.transports.sim.ni import SimAddress, SimNI
 from stacklib.transports.sim.params import Dc21140Params
@@ -95,6 +95,8 @@ class Dc21140NI(SimNI):
         )
         self.params = params
         self.host_scale = host_scale
+        #: Frames whose FCS failed on wire errors (each also a ``corrupted`` drop).
+        self.fcs_errors = 0
         self.cpu = host.resource("cpu")
         self.engine = host.resource("ni")  # the chip's DMA and transmit machinery
         trap = params.send_trap_us * US * host_scale
@@ -126,6 +128,12 @@ class Dc21140NI(SimNI):
         dma = p.tx_dma_setup_us * US + frame_bytes * p.pci_dma_us_per_byte * US
         _, done = stage(self.bus, now, now, 1, dma)
         return done, done, done
+
+    def _rx_done(self, packet: Packet) -> None:
+        # The chip checks the frame check sequence and drops a bad frame (IEEE 802.3).
+        if packet.corrupted and link_check_fails(packet, self.link):
+            self.fcs_errors += 1
+        super()._rx_done(packet)
 
     def rx_timing(self, packet: Packet, first_in: float, last_in: float) -> float:
         p = self.params

@@ -14,7 +14,10 @@ Link technologies (:mod:`stacklib.transports.sim.links`) turn a message into wha
 carries: AAL5 cells, one Ethernet frame with preamble and inter-frame gap, or Myrinet bytes.
 Faults (:class:`~stacklib.transports.sim.params.FaultParams`: loss and corruption per unit,
 duplication and reordering per message) are drawn from the world's seeded random streams, so a
-recipe and seed give the same faults every run.
+recipe and seed give the same faults every run.  Corruption flips real bits: ``corrupt`` on the
+wire (the packet carries the flipped bit offsets, and the receiving NI's link check, the AAL5
+CRC-32 or the Ethernet FCS, runs on them), ``corrupt_undetected`` in the data itself, past
+every link check (delivered; the transports' checksums must catch it).
 """
 
 from __future__ import annotations
@@ -28,7 +31,13 @@ import attrs
 from stacklib.compiled import mypyc_attr
 from stacklib.sim import Resource, World
 from stacklib.sim.pipeline import delay, stage
-from stacklib.transports.sim.links import AAL5_TRAILER, CELL_PAYLOAD, LinkTech, WireShape
+from stacklib.transports.sim.links import (
+    AAL5_TRAILER,
+    CELL_PAYLOAD,
+    LinkTech,
+    WireShape,
+    flip_bits,
+)
 from stacklib.transports.sim.params import FaultParams
 
 if TYPE_CHECKING:
@@ -50,7 +59,12 @@ class Packet:
     shape: WireShape
     #: Link-level tag for captures (ATM VCI, U-Net/FE port).
     tag: Hashable = None
+    #: Hit by a wire error that the receiving NI's link check is to judge.
     corrupted: bool = False
+    #: The flipped bits of that error: offsets into the link's protected bytes
+    #: (:meth:`~stacklib.transports.sim.links.LinkTech.protected_bytes`); empty if the error
+    #: hit framing outside them (always caught).
+    flips: tuple[int, ...] = ()
 
 
 @attrs.frozen
@@ -59,7 +73,8 @@ class FabricStatistics:
 
     carried: int
     lost: int
-    corrupted: int
+    corrupted: int  #: messages with wire errors (for the receiving NI's link check)
+    corrupted_undetected: int  #: messages delivered with flipped data bits
     duplicated: int
     reordered: int
     units: int
@@ -102,10 +117,14 @@ class Fabric:
         self.nis: dict[str, SimNI] = {}
         self._medium = world.resource(f"{name}:medium")
         self._rng = world.rng(f"faults:{name}")
+        #: Which bits corruption flips: a stream of its own, so that enabling corruption
+        #: leaves the other faults' draws as they were.
+        self._bits = world.rng(f"corruption:{name}")
         self._vcs: dict[tuple[object, object], int] = {}
         #: Callbacks seeing every delivered packet with its arrival time (captures).
         self.taps: list[Tap] = []
         self.carried = self.lost = self.corrupted = self.duplicated = self.reordered = 0
+        self.corrupted_undetected = 0
         self.units = self.wire_bytes = 0
 
     def __repr__(self) -> str:
@@ -237,10 +256,26 @@ class Fabric:
         if faults.corrupt and random() >= (1.0 - faults.corrupt) ** units:
             self.corrupted += 1
             packet.corrupted = True
+            packet.flips = self._flips(self.tech.protected_bytes(len(packet.payload)), units)
+        undetected = faults.corrupt_undetected
+        if undetected and packet.payload and random() >= (1.0 - undetected) ** units:
+            self.corrupted_undetected += 1
+            packet.payload = flip_bits(packet.payload, self._flips(len(packet.payload), 1))
         if faults.duplicate and random() < faults.duplicate:
             self.duplicated += 1
             return [packet, attrs.evolve(packet)]
         return [packet]
+
+    def _flips(self, span: int, units: int) -> tuple[int, ...]:
+        """One to three seeded bit offsets within one of ``units`` equal parts of ``span``
+        bytes (the unit the error hit: a cell of the AAL5 PDU, a frame)."""
+        if span <= 0:
+            return ()
+        bits = self._bits
+        size = span // units if span >= units else span
+        base = bits.randrange(span // size) * size * 8
+        chosen = {base + bits.randrange(size * 8) for _ in range(bits.randint(1, 3))}
+        return tuple(sorted(chosen))
 
     def _arrive(self, packet: Packet, first_in: float, last_in: float) -> None:
         faults = self.faults
@@ -260,11 +295,24 @@ class Fabric:
             carried=self.carried,
             lost=self.lost,
             corrupted=self.corrupted,
+            corrupted_undetected=self.corrupted_undetected,
             duplicated=self.duplicated,
             reordered=self.reordered,
             units=self.units,
             wire_bytes=self.wire_bytes,
         )
+
+
+def link_check_fails(packet: Packet, link: LinkTech) -> bool:
+    """The receiving NI's link check on a ``packet`` hit by a wire error, run on its flipped
+    bits: True if it catches the error (the NI drops the message).  If the error slips
+    through, ``packet`` now carries the bytes the check let pass and is no longer marked."""
+    data = link.check(packet.payload, packet.flips) if packet.flips else None
+    if data is None:
+        return True
+    packet.payload = data
+    packet.corrupted = False
+    return False
 
 
 def cells(message_bytes: int) -> int:

@@ -2,6 +2,11 @@
 as AAL5 cells (TAXI and OC-3c ATM), one Ethernet frame with preamble and inter-frame gap, or
 Myrinet bytes behind a route header.
 
+Each technology also says what its receiver's integrity check makes of bits flipped on the wire
+(:meth:`LinkTech.check`), by running that check: ATM reassembles the AAL5 PDU and verifies its
+CRC-32 (paper 000 §4.2.2), Ethernet recomputes the frame check sequence (a CRC-32), Myrinet's
+8-bit CRC is left to its NI model.
+
 The fabric (:mod:`stacklib.transports.sim.fabric`) uses them; they are apart because
 ``stacklib compile`` compiles the fabric, and mypyc does not take attrs fields with citations
 in a compiled class (nor attrs subclasses of a compiled one).
@@ -10,10 +15,12 @@ in a compiled class (nor attrs subclasses of a compiled one).
 from __future__ import annotations
 
 import abc
+import zlib
 
 import attrs
 
 from stacklib.sim.costs import cited
+from stacklib.wire.aal5 import Aal5FormatError, build_pdu, parse_pdu
 
 __all__ = [
     "AAL5_TRAILER",
@@ -26,7 +33,16 @@ __all__ = [
     "LinkTech",
     "MyrinetLink",
     "WireShape",
+    "flip_bits",
 ]
+
+
+def flip_bits(data: bytes, bits: tuple[int, ...]) -> bytes:
+    """``data`` with the bits at offsets ``bits`` (0 = the first byte's top bit) inverted."""
+    out = bytearray(data)
+    for bit in bits:
+        out[bit >> 3] ^= 0x80 >> (bit & 7)
+    return bytes(out)
 
 
 @attrs.frozen(slots=True)
@@ -54,6 +70,16 @@ class LinkTech(abc.ABC):
         shape = self.shape(message_bytes)
         return message_bytes * 8 / (shape.units * shape.per_unit + shape.tail)
 
+    def protected_bytes(self, message_bytes: int) -> int:
+        """The bytes the link's check covers for a message (where wire errors can land)."""
+        return message_bytes
+
+    def check(self, payload: bytes, bits: tuple[int, ...]) -> bytes | None:
+        """What the receiver makes of ``payload`` sent with the bits at ``bits`` (offsets in
+        the :meth:`protected_bytes`) flipped on the wire: None if its check catches them (the
+        message is dropped), else the bytes it delivers.  By default every error is caught."""
+        return None
+
 
 CELL_BYTES = 53
 
@@ -76,6 +102,18 @@ class AtmLink(LinkTech):
     def shape(self, message_bytes: int) -> WireShape:
         cells = -(-(message_bytes + AAL5_TRAILER) // CELL_PAYLOAD)
         return WireShape(cells, CELL_BYTES * 8 / self.rate_bps, 0.0, cells * CELL_BYTES)
+
+    def protected_bytes(self, message_bytes: int) -> int:
+        """The AAL5 CPCS-PDU: payload, padding and trailer, 48 bytes per cell."""
+        return -(-(message_bytes + AAL5_TRAILER) // CELL_PAYLOAD) * CELL_PAYLOAD
+
+    def check(self, payload: bytes, bits: tuple[int, ...]) -> bytes | None:
+        """Reassemble the PDU with the flipped bits and verify it as the NI does (CRC-32,
+        then the Length field): None if it fails, else the payload it yields."""
+        try:
+            return parse_pdu(flip_bits(build_pdu(payload), bits)).payload
+        except Aal5FormatError:
+            return None
 
 
 #: 140 Mbit/s TAXI fiber (paper 000 §4.1-4.2).
@@ -101,6 +139,12 @@ class EthernetLink(LinkTech):
         frame = max(60, self.header_bytes + message_bytes) + 4
         bit = 1.0 / self.rate_bps
         return WireShape(1, (frame + 8) * 8 * bit, 12 * 8 * bit, frame + 20)
+
+    def check(self, payload: bytes, bits: tuple[int, ...]) -> bytes | None:
+        """Recompute the frame check sequence (IEEE 802.3's CRC-32) over the flipped frame
+        data: None when it differs from the sender's, which the NIC then drops."""
+        flipped = flip_bits(payload, bits)
+        return flipped if zlib.crc32(flipped) == zlib.crc32(payload) else None
 
 
 @attrs.frozen

@@ -218,11 +218,19 @@ class Dc21140Params:
 
 @attrs.frozen
 class FaultParams:
-    """Faults injected on the fabric, drawn from the seeded stream ``faults:<fabric>``.
+    """Faults injected on the fabric, drawn from the seeded stream ``faults:<fabric>`` (the bits
+    that corruption flips from ``corruption:<fabric>``).
 
     ``loss`` and ``corrupt`` are per unit (cell or frame), so a long AAL5 PDU is more likely to
-    be hit, as on a real ATM network (paper 000 §7.8, Romanow & Floyd); a corrupted message
-    reaches the receiving NI, whose CRC or FCS check drops it.
+    be hit, as on a real ATM network (paper 000 §7.8, Romanow & Floyd).  ``corrupt`` flips one
+    to three seeded bits of one unit on the wire, and the message travels on to the receiving
+    NI, whose link check runs on the flipped bits: ATM reassembles the AAL5 PDU and its CRC-32
+    catches the error (``crc_errors``), Fast Ethernet's frame check sequence does
+    (``fcs_errors``, as a real NIC drops a bad-FCS frame), Myrinet's 8-bit CRC does; the
+    message is dropped (``corrupted``).  ``corrupt_undetected`` (per unit too) flips bits of
+    the message's data that no link check sees (an error a CRC misses, or one made past the
+    check, in NI memory or on the I/O bus): the message is delivered as corrupted, and only
+    the end-to-end checks above (UDP's and TCP's checksums) can catch it.
     """
 
     loss: float = attrs.field(
@@ -239,7 +247,12 @@ class FaultParams:
     )
     #: How long a reordered message is held back.
     reorder_delay_us: float = attrs.field(default=50.0, validator=attrs.validators.ge(0.0))
+    corrupt_undetected: float = attrs.field(
+        default=0.0, validator=[attrs.validators.ge(0.0), attrs.validators.le(1.0)]
+    )
 
     @property
     def any(self) -> bool:
-        return bool(self.loss or self.corrupt or self.duplicate or self.reorder)
+        return bool(
+            self.loss or self.corrupt or self.duplicate or self.reorder or self.corrupt_undetected
+        )
