@@ -23,6 +23,7 @@ from stacklib.sim import Host
 from stacklib.transports.shm.endpoint import ShmEndpoint
 from stacklib.transports.shm.link import ShmLink
 from stacklib.transports.shm.region import NODE_NAME, ShmAddress
+from stacklib.transports.shm.ring import Ring
 from stacklib.unet.endpoint import Channel, DropReason, Endpoint
 from stacklib.unet.ni import Payload
 from stacklib.unet.polled import PolledNI
@@ -68,6 +69,8 @@ class ShmNI(PolledNI):
         self._wake_fd = os.open(self.wake_path, os.O_RDWR | os.O_NONBLOCK)
         self.wakeups_sent = 0
         self.sleeps = 0
+        #: Channels failed because the peer wrote impossible values into a ring.
+        self.corrupt_rings = 0
 
     # ---------------------------------------------------------------- addressing
     def address_of(self, endpoint: Endpoint) -> ShmAddress:
@@ -136,7 +139,7 @@ class ShmNI(PolledNI):
         written = ring.try_write(data)
         if not written:
             if written is None:
-                link.failed = f"peer {link.remote} corrupted the ring's head counter"
+                self.ring_broken(link, ring)
                 # Reject rather than wait forever on a ring that cannot drain.
                 descriptor.status = DescriptorStatus.ERROR
                 descriptor.error = SendError.CHANNEL_CLOSED
@@ -181,8 +184,7 @@ class ShmNI(PolledNI):
                 ring.release(view)
                 delivered += 1
             if ring.corrupt != before:
-                for _ in range(ring.corrupt - before):
-                    self.drop(DropReason.MALFORMED, endpoint)
+                self.ring_broken(link, ring, endpoint)
             if ring.producer_waiting:
                 ring.set_producer_waiting(False)
                 link.wake_peer()
@@ -190,6 +192,15 @@ class ShmNI(PolledNI):
             self.tx_blocked = False
             self.resume()
         return delivered
+
+    def ring_broken(self, link: ShmLink, ring: Ring, endpoint: Endpoint | None = None) -> None:
+        """The peer broke one of ``link``'s rings: count it (as a malformed drop when it was
+        the receive ring) and fail the channel with the ring's reason."""
+        if link.failed is None:
+            self.corrupt_rings += 1
+            if endpoint is not None:
+                self.drop(DropReason.MALFORMED, endpoint)
+        link.ring_broken(ring)
 
     def check_peers(self) -> None:
         """Look for dead or departed peers (done when idle, never per message)."""
