@@ -110,6 +110,7 @@ def bind_socket(
 
 #: Descriptor shortages that make ``accept`` fail with nothing wrong with the listener.
 SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+_GONE = frozenset({errno.ECONNABORTED, errno.EPROTO})
 
 
 async def accept(
@@ -123,6 +124,8 @@ async def accept(
         try:
             sock, _ = await listener.accept()
         except OSError as error:
+            if error.errno in _GONE:
+                continue  # that client left before we took it
             if error.errno not in SHORTAGE:
                 raise
             if short(error):

@@ -184,7 +184,7 @@ def test_per_uid_limit_sheds_idle_connections_and_keeps_those_holding_channels(
             clients.append(DaemonClient(path, start=False))
             clients[-1].create_endpoint(ShmAddress(node, 1))
         lurker = _raw(path)
-        time.sleep(0.05)  # accepted before the next one
+        time.sleep(0.3)  # accepted before the next one
         third = DaemonClient(path, start=False)  # the uid is full: the lurker goes
         assert third.status()["clients"] == 3
         assert "uid 0 is at its limit of 3" in _closed_by_daemon(lurker)

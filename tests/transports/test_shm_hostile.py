@@ -24,6 +24,7 @@ from stacklib.transports.shm import (
     KIND_PAD,
     PeerGone,
     Ring,
+    ShmAddress,
     ShmNetwork,
 )
 from stacklib.transports.shm.region import RING_WORD
@@ -171,11 +172,27 @@ async def test_head_ahead_of_the_tail_fails_the_sender(network: ShmNetwork) -> N
             endpoint.send_nowait(channel, b"x" * 40)
 
 
+async def test_garbage_counters_before_the_peer_attaches_fail_its_channel(
+    network: ShmNetwork,
+) -> None:
+    a, b = network.add_node("a"), network.add_node("b")
+    ep_a = a.os.create_endpoint(a.os.process("x"), port=1)
+    a.os.create_channel(ep_a.owner, ep_a, ShmAddress("b", 1))  # a makes the region first
+    Hostile(a.ni.link(ep_a, 0).path, 1).tail = 40  # type: ignore[attr-defined]
+    ep_b = b.os.create_endpoint(b.os.process("y"), port=1)
+    ch_b = b.os.create_channel(ep_b.owner, ep_b, ShmAddress("a", 1))
+    with pytest.raises(PeerGone, match="found tail 40 and head 0 when attaching"):
+        ep_b.send_nowait(ch_b, b"hello")
+    assert b.ni.corrupt_rings == 1  # type: ignore[attr-defined]
+
+
 def test_garbage_counters_when_attaching_break_the_ring() -> None:
     words = memoryview(bytearray(HEADER_BYTES)).cast("Q")
     words[RING_WORD[0]] = 40  # tail: unaligned
     ring = Ring(words, RING_WORD[0], memoryview(bytearray(RING)), 1024)
     assert ring.error is not None and "when attaching" in ring.error and ring.corrupt == 1
+    words[RING_WORD[0]] = words[RING_WORD[0] + 8] = (1 << 64) - 16  # would overflow
+    assert Ring(words, RING_WORD[0], memoryview(bytearray(RING)), 1024).error is not None
     assert ring.peek() is None and not ring.pending
     assert ring.try_write(b"x") is None
     with pytest.raises(ValueError, match="multiple of 16"):
@@ -203,7 +220,7 @@ def test_no_garbage_escapes_the_receiver(
         endpoint, channel, rx, _ = _victim(network)
         for slot, length, kind, tail, plausible in steps:
             rx.record(slot * 8, length, kind)
-            rx.tail = rx.tail + 16 * (tail % 8) if plausible else tail
+            rx.tail = (rx.tail + 16 * (tail % 8)) % (1 << 64) if plausible else tail
             for _ in range(3):
                 message = endpoint.poll()
                 assert message is None or len(message.data) <= 1024

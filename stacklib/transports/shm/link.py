@@ -79,6 +79,9 @@ class ShmLink:
         self._peer_wake: int | None = None
         #: Why the channel failed (peer died, closed, broke the ring), or None.
         self.failed: str | None = None
+        for ring in rings:
+            if ring.error is not None:  # garbage counters found when attaching
+                self.ring_broken(ring)
         self.reported = False
         self.closed = False
 

@@ -89,6 +89,8 @@ class ShmNI(PolledNI):
             raise ChannelError(f"{self!r}: a channel from {local} to itself")
         region, side, path = self.network.broker.open_region(local, remote, self.network.spec)
         link = ShmLink(self, region, side, path, remote, rx_key)
+        if link.failed is not None:  # a ring broken already when attaching
+            self.corrupt_rings += 1
         self._links[rx_key] = link
         self._link_list.append(link)
         return link, rx_key

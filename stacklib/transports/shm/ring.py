@@ -76,7 +76,8 @@ class Ring:
         # Counters found in the region when this side attaches come from shared memory too.
         tail = words[base + _TAIL]
         head = words[base + _HEAD]
-        if tail % ALIGN or head % ALIGN or not 0 <= tail - head <= capacity:
+        # (A tail near 2**64 would overflow its word as we write on.)
+        if tail % ALIGN or head % ALIGN or not 0 <= tail - head <= capacity or tail >> 62:
             self._break(f"found tail {tail} and head {head} when attaching")
         else:
             self._tail = tail
