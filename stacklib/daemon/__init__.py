@@ -39,6 +39,13 @@ from __future__ import annotations
 from stacklib.daemon.broker import DaemonBroker, channel_path, echo_peer
 from stacklib.daemon.cli import build_parser, cmd_daemon, main
 from stacklib.daemon.client import DaemonClient
+from stacklib.daemon.limits import (
+    CLIENT_IDLE_TIMEOUT,
+    MAX_CLIENTS_PER_UID,
+    ConnectionLimits,
+    choose_victim,
+    clients_for_descriptors,
+)
 from stacklib.daemon.policy import AllowListFile, Cred, DaemonPolicy, SameUid, peer_cred
 from stacklib.daemon.protocol import (
     BODY,
@@ -88,18 +95,22 @@ from stacklib.daemon.server import (
 from stacklib.daemon.sockets import (
     ENV_SOCKET,
     ON_DEMAND_IDLE,
+    SOCKET_GROUP,
     bind_socket,
     connect,
     default_socket_path,
+    socket_permissions,
 )
 from stacklib.transports.shm import RECLAIMED_WORD
 
 __all__ = [
     "BODY",
+    "CLIENT_IDLE_TIMEOUT",
     "DENIALS",
     "ENV_SOCKET",
     "FAST_CODECS",
     "MAX_BODY",
+    "MAX_CLIENTS_PER_UID",
     "MAX_WINDOWS",
     "MOVER_MAX_SLEEP",
     "MOVER_SPIN",
@@ -107,12 +118,14 @@ __all__ = [
     "PROTOCOL_VERSION",
     "RECLAIMED_WORD",
     "REQUESTS",
+    "SOCKET_GROUP",
     "AllowListFile",
     "ChannelGranted",
     "ChannelState",
     "ClientState",
     "CloseChannel",
     "CloseEndpoint",
+    "ConnectionLimits",
     "CreateEndpoint",
     "Cred",
     "Daemon",
@@ -145,6 +158,8 @@ __all__ = [
     "bind_socket",
     "build_parser",
     "channel_path",
+    "choose_victim",
+    "clients_for_descriptors",
     "cmd_daemon",
     "connect",
     "decode",
@@ -154,4 +169,5 @@ __all__ = [
     "main",
     "peer_cred",
     "run_daemon",
+    "socket_permissions",
 ]

@@ -56,6 +56,7 @@ class DaemonClient:
         self.sock = connect(self.socket_path, start=start)
         # The daemon answers in microseconds; a hung daemon must not hang set-up forever.
         self.sock.settimeout(timeout)
+        self.timeout = timeout
         self._seq = 0
         #: Single-copy transfers submitted and not yet reaped.
         self.in_flight = 0
@@ -104,9 +105,13 @@ class DaemonClient:
         self._seq = (self._seq + 1) & 0xFFFFFFFF
         try:
             self.sock.sendall(encode(self._seq, message))
-            seq, reply, fds = self.receive()
-        except OSError as error:  # timeout, or the daemon went away
-            raise DaemonError(f"daemon at {self.socket_path}: {error}") from None
+        except OSError as error:  # the daemon closed us: it may have said why first
+            seq, reply, fds = self._last_word(error)
+        else:
+            try:
+                seq, reply, fds = self.receive()
+            except OSError as error:  # timeout, or the daemon went away
+                raise DaemonError(f"daemon at {self.socket_path}: {error}") from None
         for extra in fds[1:]:
             os.close(extra)
         fd = fds[0] if fds else None
@@ -124,6 +129,18 @@ class DaemonClient:
                 os.close(fd)
             raise DaemonError(f"unexpected reply {reply!r} (seq {seq}, wanted {self._seq})")
         return reply, fd
+
+    def _last_word(self, error: OSError) -> tuple[int, Message, list[int]]:
+        """A send failed: the daemon closed the connection, after a BUSY notice that says why
+        if it had room to send one (returned as the reply); else raise for ``error``."""
+        try:
+            self.sock.settimeout(0)
+            try:
+                return self.receive()
+            finally:
+                self.sock.settimeout(self.timeout)
+        except (OSError, DaemonError):
+            raise DaemonError(f"daemon at {self.socket_path}: {error}") from None
 
     def create_endpoint(self, address: ShmAddress) -> None:
         self.request(CreateEndpoint(os.getpid(), address.node, address.port))

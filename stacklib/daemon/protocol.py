@@ -47,6 +47,8 @@ class ErrorCode(enum.IntEnum):
     BAD_SPEC = 7
     INTERNAL = 8
     BAD_RANGE = 9
+    #: The daemon closes this connection: over a connection limit, or idle holding nothing.
+    BUSY = 10
 
 
 #: The refusals that are about ownership or authorization (raised as :class:`DaemonDenied`).

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -21,6 +22,7 @@ from typing import Any
 import attrs
 import trio
 
+from stacklib.daemon.limits import ConnectionLimits, choose_victim
 from stacklib.daemon.policy import Cred, DaemonPolicy, SameUid, peer_cred
 from stacklib.daemon.protocol import (
     MAX_BODY,
@@ -51,7 +53,7 @@ from stacklib.daemon.protocol import (
     decode,
     encode,
 )
-from stacklib.daemon.sockets import bind_socket, make_directory, unlink_if_same
+from stacklib.daemon.sockets import accept, bind_socket, make_directory, unlink_if_same
 from stacklib.transports import xmem
 from stacklib.transports.shm import (
     HEADER_BYTES,
@@ -84,6 +86,18 @@ class ClientState:
     pidfd: int | None = None
     #: Its request queue (transfers submitted through shared memory), if it opened one.
     queue: xmem.QueueState | None = None
+    #: When it last sent anything (trio time): the least recently active is shed first.
+    last_active: float = 0.0
+    #: Cancelled to close the connection (it is shed).
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+
+    @property
+    def uid(self) -> int:
+        return self.cred.uid
+
+    def holds_nothing(self) -> bool:
+        """No endpoint, channel, registration or queue: closing it reclaims nothing."""
+        return not (self.endpoints or self.channels or self.windows or self.queue is not None)
 
 
 @attrs.define(eq=False)
@@ -99,6 +113,12 @@ class ChannelState:
     owners: list[ClientState | None] = attrs.field(factory=lambda: [None, None])
     #: A side was closed or reclaimed: never joined again; a new open replaces the channel.
     broken: bool = False
+
+
+def _notify(sock: trio.socket.SocketType, reply: ErrorReply) -> None:
+    """Tell a connection about to be closed why, if its socket takes it now (never waits)."""
+    with contextlib.suppress(OSError):  # trio's sockets are non-blocking: a full one refuses
+        os.write(sock.fileno(), encode(0, reply))
 
 
 def _readable(fd: int) -> bool:
@@ -120,8 +140,17 @@ class Daemon:
         idle_timeout: float | None = None,
         cache_entries: int = 1024,
         cache_policy: str = "lru",
+        limits: ConnectionLimits | None = None,
+        socket_mode: int | None = None,
+        socket_group: str | None = None,
     ) -> None:
         self.socket_path = socket_path
+        #: Who may connect at all (see ``sockets.socket_permissions``).
+        self.socket_mode = socket_mode
+        self.socket_group = socket_group
+        #: Bounds on connections (total, per uid, idle time of those holding nothing).
+        self.limits = limits if limits is not None else ConnectionLimits()
+        self.max_clients = self.limits.total()
         self.policy: DaemonPolicy = policy if policy is not None else SameUid()
         self.idle_timeout = idle_timeout
         self.clients: set[ClientState] = set()
@@ -517,6 +546,11 @@ class Daemon:
             "pid": os.getpid(),
             "socket": self.socket_path,
             "clients": len(self.clients),
+            "limits": {
+                "max_clients": self.max_clients,
+                "max_per_uid": self.limits.max_per_uid,
+                "idle_timeout": self.limits.idle_timeout,
+            },
             "endpoints": sorted(str(a) for a in self.endpoints),
             "channels": len(self.channels),
             "counters": dict(self.counters),
@@ -546,69 +580,135 @@ class Daemon:
                 while view:
                     view = view[await client.sock.send(view) :]
 
+    # ---------------------------------------------------------------- connection limits
+    def admit(self, client: ClientState) -> str | None:
+        """Make room for a new connection: None if it may be served (shedding an idle
+        connection that holds nothing if a limit is reached), else why it is refused."""
+        limits = self.limits
+        uid = client.cred.uid
+        if sum(1 for c in self.clients if c.cred.uid == uid) >= limits.max_per_uid:
+            victim = choose_victim(self.clients, uid)
+            if victim is None:
+                return f"uid {uid} has {limits.max_per_uid} connections holding channels"
+            self.shed(victim, f"uid {uid} is at its limit of {limits.max_per_uid} connections")
+        if len(self.clients) >= self.max_clients:
+            victim = choose_victim(self.clients)
+            if victim is None:
+                return f"the daemon serves {self.max_clients} connections holding channels"
+            self.shed(victim, f"the daemon is at its limit of {self.max_clients} connections")
+        return None
+
+    def shed(self, client: ClientState, reason: str) -> None:
+        """Close a connection that holds nothing (so nothing is reclaimed), telling it why."""
+        self.counters["shed"] += 1
+        log.warning("closing the connection of pid %d: %s", client.cred.pid, reason)
+        _notify(client.sock, ErrorReply(int(ErrorCode.BUSY), f"connection closed: {reason}"))
+        client.scope.cancel()
+        self.clients.discard(client)  # at once: it no longer counts against a limit
+
+    def _short_of_descriptors(self, error: OSError) -> bool:
+        """``accept`` failed for want of descriptors: count it and shed an idle connection
+        (True if one was shed)."""
+        self.counters[f"accept_{errno.errorcode[error.errno or 0].lower()}"] += 1
+        log.warning("accept: %s; shedding an idle connection, backing off", error)
+        victim = choose_victim(self.clients)
+        if victim is None:
+            return False
+        self.shed(victim, "the daemon is out of descriptors")
+        return True
+
     async def _serve_client(self, sock: trio.socket.SocketType) -> None:
         with sock:
             try:
                 cred = peer_cred(sock)
             except OSError:
                 return
-            client = ClientState(sock, cred)
+            client = ClientState(sock, cred, last_active=trio.current_time())
+            refused = self.admit(client)
+            if refused is not None:
+                self.counters["busy"] += 1
+                log.warning("refused pid %d uid %d: %s", cred.pid, cred.uid, refused)
+                _notify(sock, ErrorReply(int(ErrorCode.BUSY), refused))
+                return
             with contextlib.suppress(OSError):
                 client.pidfd = os.pidfd_open(cred.pid)
             self.clients.add(client)
             self._idle_changed.set()
             log.info("connected: pid %d uid %d gid %d", cred.pid, cred.uid, cred.gid)
-            buffer = bytearray()
-            pending: list[bytes] = []
             try:
-                while True:
-                    # Plain recv: descriptors a client tries to pass are discarded by the kernel.
-                    data = await sock.recv(65536)
-                    if not data:
-                        break
-                    buffer += data
-                    while len(buffer) >= 4:
-                        length = int.from_bytes(buffer[:4], "big")
-                        if length > MAX_BODY:
-                            # No way to resynchronize a stream: answer and hang up.
-                            await self._flush(client, pending)
-                            refusal = self._refuse(
-                                client, ErrorCode.MALFORMED, f"frame of {length} bytes"
-                            )
-                            await self._send(client, refusal, 0, None)
-                            return
-                        if len(buffer) < 4 + length:
-                            break
-                        body = bytes(buffer[4 : 4 + length])
-                        del buffer[: 4 + length]
-                        seq = int.from_bytes(body[2:6], "big") if len(body) >= 6 else 0
-                        reply: Reply
-                        fd: int | None = None
-                        try:
-                            seq, message = decode(body)
-                            if isinstance(message, Doorbell) and message.pid == cred.pid:
-                                self._doorbell.set()  # a doorbell is never answered
-                                continue
-                        except DaemonFormatError as error:
-                            reply = self._refuse(client, ErrorCode.MALFORMED, str(error))
-                        else:
-                            reply, fd = self.handle(client, message)
-                        if isinstance(reply, Done):
-                            # Pipelined transfers: their DONEs leave in one send per batch.
-                            pending.append(encode(seq, reply))
-                            continue
-                        await self._flush(client, pending)
-                        await self._send(client, reply, seq, fd)
-                    await self._flush(client, pending)
+                with client.scope:
+                    await self._requests(client)
             except OSError as error:
                 log.info("pid %d: connection error %s", cred.pid, error)
             finally:
                 log.info("disconnected: pid %d", cred.pid)
                 self.reclaim(client)
 
+    async def _recv(self, client: ClientState) -> bytes:
+        """The next bytes from ``client``; closes it (b"") once it was silent for the idle
+        timeout while holding nothing.  A connection holding something may wait forever."""
+        timeout = self.limits.idle_timeout
+        while True:
+            if timeout is None or not client.holds_nothing():
+                data: bytes = await client.sock.recv(65536)
+                break
+            with trio.move_on_after(timeout):
+                data = await client.sock.recv(65536)
+                break
+            if client.holds_nothing():
+                self.counters["idle_closed"] += 1
+                log.info("pid %d: idle %.1f s holding nothing: closing", client.cred.pid, timeout)
+                _notify(client.sock, ErrorReply(int(ErrorCode.BUSY), "connection closed: idle"))
+                return b""
+        client.last_active = trio.current_time()
+        return data
+
+    async def _requests(self, client: ClientState) -> None:
+        """Answer ``client``'s requests until it hangs up."""
+        cred = client.cred
+        buffer = bytearray()
+        pending: list[bytes] = []
+        while True:
+            # Plain recv: descriptors a client tries to pass are discarded by the kernel.
+            data = await self._recv(client)
+            if not data:
+                break
+            buffer += data
+            while len(buffer) >= 4:
+                length = int.from_bytes(buffer[:4], "big")
+                if length > MAX_BODY:
+                    # No way to resynchronize a stream: answer and hang up.
+                    await self._flush(client, pending)
+                    refusal = self._refuse(client, ErrorCode.MALFORMED, f"frame of {length} bytes")
+                    await self._send(client, refusal, 0, None)
+                    return
+                if len(buffer) < 4 + length:
+                    break
+                body = bytes(buffer[4 : 4 + length])
+                del buffer[: 4 + length]
+                seq = int.from_bytes(body[2:6], "big") if len(body) >= 6 else 0
+                reply: Reply
+                fd: int | None = None
+                try:
+                    seq, message = decode(body)
+                    if isinstance(message, Doorbell) and message.pid == cred.pid:
+                        self._doorbell.set()  # a doorbell is never answered
+                        continue
+                except DaemonFormatError as error:
+                    reply = self._refuse(client, ErrorCode.MALFORMED, str(error))
+                else:
+                    reply, fd = self.handle(client, message)
+                if isinstance(reply, Done):
+                    # Pipelined transfers: their DONEs leave in one send per batch.
+                    pending.append(encode(seq, reply))
+                    continue
+                await self._flush(client, pending)
+                await self._send(client, reply, seq, fd)
+            await self._flush(client, pending)
+
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen until cancelled (or idle for ``idle_timeout``); remove the socket on exit."""
-        listener = bind_socket(self.socket_path)
+        listener = bind_socket(self.socket_path, mode=self.socket_mode, group=self.socket_group)
         identity = os.stat(self.socket_path)
         try:
             with listener:
@@ -621,7 +721,7 @@ class Daemon:
                     task_status.started()
                     log.info("listening on %s", self.socket_path)
                     while True:
-                        sock, _ = await listener.accept()
+                        sock = await accept(listener, self._short_of_descriptors)
                         nursery.start_soon(self._serve_client, sock)
         finally:
             unlink_if_same(self.socket_path, identity)
@@ -652,6 +752,9 @@ async def run_daemon(
     idle_timeout: float | None = None,
     cache_entries: int = 1024,
     cache_policy: str = "lru",
+    limits: ConnectionLimits | None = None,
+    socket_mode: int | None = None,
+    socket_group: str | None = None,
 ) -> Daemon:
     """Run a daemon until SIGTERM/SIGINT (or idle timeout); one per socket (a pid-file lock)."""
     make_directory(socket_path)
@@ -669,6 +772,9 @@ async def run_daemon(
             idle_timeout=idle_timeout,
             cache_entries=cache_entries,
             cache_policy=cache_policy,
+            limits=limits,
+            socket_mode=socket_mode,
+            socket_group=socket_group,
         )
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import grp
 import os
 import socket
 import stat
@@ -12,9 +13,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import trio
 
+from stacklib.daemon.limits import ACCEPT_BACKOFF, ACCEPT_BACKOFF_MAX
 from stacklib.daemon.protocol import DaemonError
 
 ENV_SOCKET = "STACKLIB_DAEMON_SOCKET"
@@ -34,8 +37,44 @@ def make_directory(socket_path: str) -> None:
     os.makedirs(os.path.dirname(socket_path) or ".", mode=mode, exist_ok=True)
 
 
-def bind_socket(path: str) -> trio.socket.SocketType:
-    """Bind and listen on ``path``; replace a stale socket, refuse if a daemon answers there."""
+#: The group whose members may connect to a root daemon's socket (mode 0660), if it exists.
+SOCKET_GROUP = "stacklib"
+
+
+def socket_permissions(
+    euid: int, mode: int | None = None, group: str | None = None
+) -> tuple[int, int]:
+    """The mode and group id (-1: leave it) of the daemon's socket: who may connect at all.
+
+    Policy: an explicit ``mode`` or ``group`` wins (``group`` alone gives 0660).  Otherwise a
+    user's daemon serves only that user (0600), and a root daemon serves root and the members
+    of the group :data:`SOCKET_GROUP` (0660) if that group exists, else root only (0600).  A
+    root daemon serves every local user only when asked to (``mode=0o666``); the policy and the
+    per-uid limits then decide what each may do.
+    """
+    if mode is not None and not 0 <= mode <= 0o777:
+        raise DaemonError(f"socket mode {mode:#o} is not a permission mode")
+    gid = -1
+    if group is not None:
+        try:
+            gid = grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise DaemonError(f"no group {group!r} for the daemon's socket") from None
+        return (0o660 if mode is None else mode), gid
+    if mode is not None:
+        return mode, -1
+    if euid == 0:
+        with contextlib.suppress(KeyError):
+            return 0o660, grp.getgrnam(SOCKET_GROUP).gr_gid
+    return 0o600, -1
+
+
+def bind_socket(
+    path: str, *, mode: int | None = None, group: str | None = None
+) -> trio.socket.SocketType:
+    """Bind and listen on ``path`` with the permissions of :func:`socket_permissions`; replace
+    a stale socket, refuse if a daemon answers there."""
+    socket_mode, gid = socket_permissions(os.geteuid(), mode, group)
     make_directory(path)
     if os.path.lexists(path):
         if not stat.S_ISSOCK(os.lstat(path).st_mode):
@@ -57,8 +96,8 @@ def bind_socket(path: str) -> trio.socket.SocketType:
     raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         raw.bind(private)
-        # Root serves every user (the policy decides); a user's daemon only that user.
-        os.chmod(private, 0o666 if os.geteuid() == 0 else 0o600)
+        os.chown(private, -1, gid)
+        os.chmod(private, socket_mode)
         raw.listen(64)
         os.rename(private, path)
     except BaseException:
@@ -67,6 +106,35 @@ def bind_socket(path: str) -> trio.socket.SocketType:
             os.unlink(private)
         raise
     return trio.socket.from_stdlib_socket(raw)
+
+
+#: Descriptor shortages that make ``accept`` fail with nothing wrong with the listener.
+SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+_GONE = frozenset({errno.ECONNABORTED, errno.EPROTO})
+
+
+async def accept(
+    listener: trio.socket.SocketType, short: Callable[[OSError], bool]
+) -> trio.socket.SocketType:
+    """The next connection.  While descriptors are short (:data:`SHORTAGE`), call ``short``
+    (which frees a descriptor if it can, returning True) and back off: pending connections
+    wait in the listen backlog, and the daemon never fails for it."""
+    backoff = ACCEPT_BACKOFF
+    while True:
+        try:
+            sock, _ = await listener.accept()
+        except OSError as error:
+            if error.errno in _GONE:
+                continue  # that client left before we took it
+            if error.errno not in SHORTAGE:
+                raise
+            if short(error):
+                await trio.sleep(ACCEPT_BACKOFF)  # the closed connection's task unwinds
+            else:
+                await trio.sleep(backoff)
+                backoff = min(2 * backoff, ACCEPT_BACKOFF_MAX)
+            continue
+        return sock
 
 
 def default_socket_path() -> str:

@@ -167,10 +167,11 @@ async def test_garbage_in_own_queues_is_rejected_and_counted(network: ShmNetwork
     struct.pack_into("<II", ring.data, tail % ring.capacity, 10**9, KIND_MESSAGE)
     words[ring._base] = tail + 16
     assert ep_b.poll() is None
+    # The first impossible value broke the ring for good: later garbage is not even read.
     words[ring._base] = words[ring._base] + 10**12
     assert ep_b.poll() is None
     assert ep_c.poll() is None
-    assert ep_b.statistics().dropped == {"malformed": 2}
+    assert ep_b.statistics().dropped == {"malformed": 1}
     assert ep_a.statistics().send_errors == {"OUT_OF_BOUNDS": 1}
     assert ep_c.statistics().received == 0 and ch_ca == 0
 

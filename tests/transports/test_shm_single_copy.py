@@ -666,12 +666,12 @@ def test_a_protected_process_is_reachable_only_through_the_daemon(mode: str) -> 
     """Two processes of one unprivileged uid: by default the kernel lets one read the other;
     once the victim is non-dumpable only the root daemon can, and only as authorized."""
     directory = tempfile.mkdtemp(prefix="sc-")
-    os.chmod(directory, 0o755)  # the root daemon's socket (0666) must be reachable by nobody
+    os.chmod(directory, 0o755)  # the root daemon's socket must be reachable by nobody
     path = os.path.join(directory, "d.sock")
     allow = os.path.join(directory, "allow")
     with open(allow, "w", encoding="utf-8") as f:
         f.write("* victim:1\n* sink:1\n")  # root's sink and nobody's victim may pair up
-    process = _start_daemon(path, "--allow", allow)
+    process = _start_daemon(path, "--allow", allow, "--socket-mode", "0666")
     nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable]
     victim = subprocess.Popen(
         [*nobody, "-c", _VICTIM, mode, path],

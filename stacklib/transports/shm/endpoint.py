@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from stacklib.errors import PeerGone
+from stacklib.errors import PeerGone, SegmentError
 from stacklib.transports.shm.link import ShmLink
-from stacklib.unet.endpoint import DropReason, Endpoint, Message
-from stacklib.wire.descriptor import DescriptorStatus, SendDescriptor
+from stacklib.unet.endpoint import Endpoint, Message
+from stacklib.wire.descriptor import DescriptorStatus, Fragment, SendDescriptor
 
 if TYPE_CHECKING:
     from stacklib.transports.shm.ni import ShmNI
@@ -42,6 +42,29 @@ class ShmEndpoint(Endpoint):
         """Stop scanning ``channel``'s ring (the NI calls this when it unregisters it)."""
         self._rx_links[:] = [entry for entry in self._rx_links if entry[1] != channel]
 
+    def post_free(self, buffer: Fragment) -> None:
+        """Hand a receive buffer to the NI, refusing one it could never fill.
+
+        The shm NI sizes its wait for room (a message that does not fit stays in its ring) by
+        the free buffers, so a bogus one must not count: raises :class:`SegmentError` naming
+        the problem for a non-integer, empty, misaligned or out-of-segment buffer.
+        """
+        if not isinstance(buffer, tuple) or len(buffer) != 2:
+            raise SegmentError(f"{self!r}: a free buffer is an (offset, length) Fragment")
+        offset, length = buffer
+        segment = self.segment
+        if type(offset) is not int or type(length) is not int or length <= 0:
+            raise SegmentError(
+                f"{self!r}: free buffer offset={offset!r} length={length!r}: "
+                "offset and length must be integers, the length positive"
+            )
+        segment.check(offset, length)
+        if not segment.is_aligned(offset):
+            raise SegmentError(
+                f"{self!r}: free buffer offset {offset} is not {segment.alignment}-byte aligned"
+            )
+        super().post_free(Fragment(offset, length))
+
     def poll(self) -> Message | None:
         """The next message, or None.
 
@@ -61,8 +84,7 @@ class ShmEndpoint(Endpoint):
             corrupt = ring.corrupt
             view = ring.peek()
             if ring.corrupt != corrupt:
-                for _ in range(ring.corrupt - corrupt):
-                    self.ni.drop(DropReason.MALFORMED, self)
+                self.ni.ring_broken(link, ring, self)
             if view is None:
                 continue
             data = bytes(view)
@@ -95,7 +117,10 @@ class ShmEndpoint(Endpoint):
             entry = self.channels.get(channel)
             if entry is not None and not self.closed:
                 link: ShmLink = entry.tx_tag  # type: ignore[assignment]
-                if link.failed is None and link.tx.try_write(data):
+                written = link.failed is None and link.tx.try_write(data)
+                if written is None:  # the peer broke the ring: PeerGone just below
+                    self.ni.ring_broken(link, link.tx)
+                elif written:
                     ni = self.ni
                     if link.tx.consumer_sleeping:
                         ni.wakeups_sent += 1

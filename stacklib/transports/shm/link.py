@@ -3,6 +3,7 @@
 Each side records its pid in its half of the region's header page; a sleeper checks the peer
 with a pidfd (or ``kill(pid, 0)``) and fails the channel (:attr:`ShmLink.failed`) when the peer
 process is gone, when the peer closed its side, or when the OS service daemon reclaimed it.
+A ring the peer corrupted fails the channel too (:meth:`ShmLink.ring_broken`).
 """
 
 from __future__ import annotations
@@ -13,15 +14,16 @@ import os
 import select
 from typing import TYPE_CHECKING
 
+from stacklib.errors import ChannelError
 from stacklib.transports.shm.region import (
     HEADER_BYTES,
     RECLAIMED_WORD,
-    REGION_HEADER,
     RING_WORD,
     SIDE_WORD,
     STATE_ABSENT,
     STATE_ATTACHED,
     STATE_CLOSED,
+    RegionHeader,
     ShmAddress,
 )
 from stacklib.transports.shm.ring import Ring
@@ -48,7 +50,12 @@ class ShmLink:
         self.path = path
         self.remote = remote
         self.rx_key = rx_key
-        _, _, ring_bytes, max_message = REGION_HEADER.unpack_from(region, 0)
+        # The peer can rewrite the format fields after the broker checked them: check again,
+        # on the values used here, so the rings below are exactly the mapping's.
+        spec = RegionHeader(region).spec()
+        if spec is None or spec.region_bytes != len(region):
+            raise ChannelError(f"channel to {remote}: not a valid channel region")
+        ring_bytes, max_message = spec.ring_bytes, spec.max_message
         self._view = memoryview(region)
         self._words = self._view[:HEADER_BYTES].cast("Q")
         peer = 1 - side
@@ -72,6 +79,9 @@ class ShmLink:
         self._peer_wake: int | None = None
         #: Why the channel failed (peer died, closed, broke the ring), or None.
         self.failed: str | None = None
+        for ring in rings:
+            if ring.error is not None:  # garbage counters found when attaching
+                self.ring_broken(ring)
         self.reported = False
         self.closed = False
 
@@ -133,6 +143,11 @@ class ShmLink:
             self.failed = f"peer process {pid} of {self.remote} died"
         except PermissionError:
             pass
+
+    def ring_broken(self, ring: Ring) -> None:
+        """``ring`` (one of this link's) broke: fail the channel with its reason, once."""
+        if self.failed is None:
+            self.failed = f"peer {self.remote} broke the channel: {ring.error}"
 
     @property
     def peer_attached(self) -> bool:

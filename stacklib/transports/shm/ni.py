@@ -23,6 +23,7 @@ from stacklib.sim import Host
 from stacklib.transports.shm.endpoint import ShmEndpoint
 from stacklib.transports.shm.link import ShmLink
 from stacklib.transports.shm.region import NODE_NAME, ShmAddress
+from stacklib.transports.shm.ring import Ring
 from stacklib.unet.endpoint import Channel, DropReason, Endpoint
 from stacklib.unet.ni import Payload
 from stacklib.unet.polled import PolledNI
@@ -68,6 +69,8 @@ class ShmNI(PolledNI):
         self._wake_fd = os.open(self.wake_path, os.O_RDWR | os.O_NONBLOCK)
         self.wakeups_sent = 0
         self.sleeps = 0
+        #: Channels failed because the peer wrote impossible values into a ring.
+        self.corrupt_rings = 0
 
     # ---------------------------------------------------------------- addressing
     def address_of(self, endpoint: Endpoint) -> ShmAddress:
@@ -86,6 +89,8 @@ class ShmNI(PolledNI):
             raise ChannelError(f"{self!r}: a channel from {local} to itself")
         region, side, path = self.network.broker.open_region(local, remote, self.network.spec)
         link = ShmLink(self, region, side, path, remote, rx_key)
+        if link.failed is not None:  # a ring broken already when attaching
+            self.corrupt_rings += 1
         self._links[rx_key] = link
         self._link_list.append(link)
         return link, rx_key
@@ -136,7 +141,7 @@ class ShmNI(PolledNI):
         written = ring.try_write(data)
         if not written:
             if written is None:
-                link.failed = f"peer {link.remote} corrupted the ring's head counter"
+                self.ring_broken(link, ring)
                 # Reject rather than wait forever on a ring that cannot drain.
                 descriptor.status = DescriptorStatus.ERROR
                 descriptor.error = SendError.CHANNEL_CLOSED
@@ -181,8 +186,7 @@ class ShmNI(PolledNI):
                 ring.release(view)
                 delivered += 1
             if ring.corrupt != before:
-                for _ in range(ring.corrupt - before):
-                    self.drop(DropReason.MALFORMED, endpoint)
+                self.ring_broken(link, ring, endpoint)
             if ring.producer_waiting:
                 ring.set_producer_waiting(False)
                 link.wake_peer()
@@ -190,6 +194,15 @@ class ShmNI(PolledNI):
             self.tx_blocked = False
             self.resume()
         return delivered
+
+    def ring_broken(self, link: ShmLink, ring: Ring, endpoint: Endpoint | None = None) -> None:
+        """The peer broke one of ``link``'s rings: count it (as a malformed drop when it was
+        the receive ring) and fail the channel with the ring's reason."""
+        if link.failed is None:
+            self.corrupt_rings += 1
+            if endpoint is not None:
+                self.drop(DropReason.MALFORMED, endpoint)
+        link.ring_broken(ring)
 
     def check_peers(self) -> None:
         """Look for dead or departed peers (done when idle, never per message)."""

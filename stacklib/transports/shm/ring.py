@@ -7,6 +7,14 @@ header page; a record never wraps (a PAD record fills the end of the ring instea
 producer writes the record, then the tail; x86-64 keeps stores in order, so a consumer that
 sees the tail sees the record.  (Python has no fences; on weakly ordered CPUs this would need a
 C helper.)
+
+The peer process can write anything into the shared counters and records.  Each side keeps its
+own counter privately and checks every value it reads from the peer before use, with a few
+integer compares: a tail or head that is unaligned, behind this side's view, more than a ring
+ahead, or moving backwards, and a record whose kind or length does not fit, *break* the ring.
+A broken ring counts it in :attr:`Ring.corrupt`, says why in :attr:`Ring.error`, and is cut off
+the shared memory (it reads as empty and refuses writes); its channel then fails with that
+error.
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ KIND_PAD = 2
 ALIGN = 16
 #: Word offsets within a ring's block of the header page (see ``region.RING_WORD``).
 _TAIL, _HEAD, _SLEEPING, _WAITING = 0, 8, 16, 24
+#: Size in words of the private block a broken ring uses instead of the shared header page.
+_DETACHED_WORDS = 512
 
 
 def _align(n: int) -> int:
@@ -32,7 +42,8 @@ class Ring:
 
     The producer side uses :meth:`try_write`; the consumer side :meth:`peek` and
     :meth:`release`.  Each side keeps its own counter privately and publishes it, so a peer
-    scribbling on the shared counters can only confuse this ring, never reach outside it.
+    scribbling on the shared memory can only break this ring, never reach outside it: the first
+    impossible value read from the peer breaks the ring for good (:attr:`error`).
     """
 
     __slots__ = (
@@ -44,25 +55,38 @@ class Ring:
         "capacity",
         "corrupt",
         "data",
+        "error",
         "max_message",
     )
 
     def __init__(self, words: memoryview, base: int, data: memoryview, max_message: int) -> None:
+        capacity = len(data)
+        if capacity <= 0 or capacity % ALIGN:
+            raise ValueError(f"a ring of {capacity} bytes: not a positive multiple of {ALIGN}")
         self._words = words
         self._base = base
         self.data = data
-        self.capacity = len(data)
+        self.capacity = capacity
         self.max_message = max_message
-        self._tail = words[base + _TAIL]
-        self._head = words[base + _HEAD]
-        self._cached_head = self._head
-        #: Records rejected because the peer broke the format (counted, skipped).
+        #: Times the peer broke the ring (a broken ring is cut off, so at most once).
         self.corrupt = 0
+        #: Why the ring broke (which value the peer wrote), or None while it is sound.
+        self.error: str | None = None
+        self._tail = self._head = self._cached_head = 0
+        # Counters found in the region when this side attaches come from shared memory too.
+        tail = words[base + _TAIL]
+        head = words[base + _HEAD]
+        # (A tail near 2**64 would overflow its word as we write on.)
+        if tail % ALIGN or head % ALIGN or not 0 <= tail - head <= capacity or tail >> 62:
+            self._break(f"found tail {tail} and head {head} when attaching")
+        else:
+            self._tail = tail
+            self._head = self._cached_head = head
 
     # ---------------------------------------------------------------- producer
     def try_write(self, payload: Payload) -> bool | None:
-        """Append one message; False if the ring is full (back-pressure); None if the
-        consumer's published head is impossible (the peer broke the ring)."""
+        """Append one message; False if the ring is full (back-pressure); None if the ring is
+        broken (the consumer published an impossible head, now or before)."""
         n = len(payload)
         size = _align(8 + n)
         tail = self._tail
@@ -71,8 +95,12 @@ class Ring:
         to_end = capacity - offset
         need = size if size <= to_end else to_end + size
         if tail + need - self._cached_head > capacity:
+            if self.error is not None:
+                return None
             head = self._words[self._base + _HEAD]
-            if head > tail or tail - head > capacity or head % ALIGN:
+            # The consumer's head: aligned, never behind our last view of it nor past our tail.
+            if head % ALIGN or head < self._cached_head or head > tail:
+                self._break(f"the consumer published head {head} (tail {tail})")
                 return None
             self._cached_head = head
             if tail + need - head > capacity:
@@ -101,9 +129,9 @@ class Ring:
     def peek(self) -> memoryview | None:
         """The next message (a view of its record, valid until :meth:`release`) or None.
 
-        Every field the producer wrote is checked before use; a bad record or tail is counted
-        in :attr:`corrupt` and everything published so far is discarded, since record
-        boundaries can no longer be trusted.
+        Every value the producer wrote is checked before use; a bad tail or record breaks the
+        ring (:meth:`_break`), which then reads as empty: record boundaries can no longer be
+        trusted.
         """
         head = self._head
         words = self._words
@@ -112,14 +140,15 @@ class Ring:
         while head != tail:
             avail = tail - head
             capacity = self.capacity
+            # Our head is always aligned, so an unaligned avail is an unaligned tail.
             if avail < 0 or avail > capacity or avail % ALIGN:
-                self._discard(tail)
+                self._break(f"the producer published tail {tail} (head {head})")
                 return None
             offset = head % capacity
             length, kind = RECORD_HEADER.unpack_from(self.data, offset)
             if kind == KIND_PAD:
                 if length != capacity - offset or length > avail:
-                    self._discard(tail)
+                    self._break(f"a pad record of length {length} at offset {offset}")
                     return None
                 head += length
                 self._head = head
@@ -132,7 +161,7 @@ class Ring:
                 or size > capacity - offset
                 or size > avail
             ):
-                self._discard(tail)
+                self._break(f"a record of kind {kind} and length {length} at offset {offset}")
                 return None
             return self.data[offset + 8 : offset + 8 + length]
         return None
@@ -144,11 +173,19 @@ class Ring:
         self._head = head
         self._words[self._base + _HEAD] = head
 
-    def _discard(self, tail: int) -> None:
+    def _break(self, what: str) -> None:
+        """The peer broke the ring: count it, say why, and cut the ring off the shared words.
+
+        Nothing the peer publishes later is trusted (adopting its tail could make our head
+        unaligned), so from now on the ring reads and writes private zero words: empty to the
+        consumer, full to the producer.  The data view stays valid until the link closes.
+        """
         self.corrupt += 1
-        # Skip to the published tail so an honest producer could go on.
-        self._head = tail
-        self._words[self._base + _HEAD] = tail
+        self.error = f"corrupt ring: {what}"
+        self._words = memoryview(bytearray(8 * _DETACHED_WORDS)).cast("Q")
+        self._tail = self._head = 0
+        # Far behind any tail: every write takes the checked path, which refuses it.
+        self._cached_head = -(1 << 64)
 
     @property
     def pending(self) -> bool:
