@@ -8,7 +8,10 @@ faults applied, wall time):
   virtual time; every request carries its number and a check word, and the receiver verifies
   exactly-once, in-order delivery and the check word of each;
 * ``formats``: every registered wire format fed seeded random bytes, truncations and bit flips
-  of its own valid values; anything but the format's documented error is a crash.
+  of its own valid values; anything but the format's documented error is a crash;
+* ``daemon``: a fresh OS-service daemon under a low descriptor limit flooded with malformed
+  requests on hundreds of connections while a channel it set up carries messages; the daemon
+  must live and the channel lose nothing.
 
 Nothing lost, nothing corrupt delivered, no crash: a campaign that breaks one of these raises
 :class:`ReliabilityError` naming it, after the table's row is filled.  docs/reliability.md has
@@ -24,13 +27,14 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+import trio
 
 from stacklib.bench.result import Column, Result
 from stacklib.errors import StacklibError
 
 __all__ = ["FaultsParams", "ReliabilityError", "bench_faults", "fuzz_formats", "uam_campaign"]
 
-CAMPAIGNS = ("uam", "formats")
+CAMPAIGNS = ("uam", "formats", "daemon")
 
 
 class ReliabilityError(StacklibError):
@@ -47,6 +51,8 @@ class FaultsParams:
     rate: float = 0.05
     #: Random inputs per registered format.
     fuzz: int = 20_000
+    #: Malformed requests sent to the daemon.
+    flood: int = 20_000
     seed: int = 1
     campaigns: tuple[str, ...] = CAMPAIGNS
 
@@ -175,9 +181,121 @@ def fuzz_formats(count: int, seed: int) -> dict[str, Any]:
     }
 
 
+def daemon_campaign(requests: int, seed: int, nofile: int = 256) -> dict[str, Any]:
+    """Flood a fresh OS-service daemon (run with RLIMIT_NOFILE ``nofile``) with ``requests``
+    malformed requests on hundreds of connections, some left idle, while two endpoints
+    exchange messages through a channel it set up; the pair must lose nothing and the daemon
+    must live."""
+    import os
+    import resource
+    import shutil
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import tempfile
+
+    from stacklib.daemon import DaemonBroker, DaemonClient, DaemonError
+    from stacklib.transports.shm import ShmAddress, ShmNetwork
+
+    rng = random.Random(seed)
+    workdir = tempfile.mkdtemp(prefix="sl-faults-")  # short: a socket path fits in 108 bytes
+    path = os.path.join(workdir, "d.sock")
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "stacklib.daemon", "--socket", path],
+        stderr=subprocess.DEVNULL,
+        preexec_fn=limit,
+    )
+    exchanged = lost = connections = 0
+    counters: dict[str, Any] = {}
+    sockets: list[socket.socket] = []
+    brokers: list[DaemonBroker] = []
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                DaemonClient(path, start=False).close()
+                break
+            except DaemonError:
+                if time.monotonic() > deadline or daemon.poll() is not None:
+                    raise ReliabilityError("daemon: it did not start") from None
+                time.sleep(0.02)
+        brokers = [DaemonBroker(path, start=False), DaemonBroker(path, start=False)]
+        with (
+            ShmNetwork(directory=workdir, broker=brokers[0]) as net_a,
+            ShmNetwork(directory=workdir, broker=brokers[1]) as net_b,
+        ):
+            a, b = net_a.add_node("a"), net_b.add_node("b")
+            ep_a = a.os.create_endpoint(a.os.process("x"), port=1)
+            ep_b = b.os.create_endpoint(b.os.process("y"), port=1)
+            ch_a = a.os.create_channel(ep_a.owner, ep_a, ShmAddress("b", 1))
+            b.os.create_channel(ep_b.owner, ep_b, ShmAddress("a", 1))  # both ends: connected
+
+            async def exchange(number: int) -> bool:
+                payload = number.to_bytes(4, "big") * 4
+                with trio.move_on_after(5):
+                    await ep_a.send(ch_a, payload)
+                    return (await ep_b.recv()).data == payload
+                return False
+
+            for number in range(requests):
+                if number % 50 == 0:  # the channel carries messages all through the flood
+                    exchanged += 1
+                    lost += not trio.run(exchange, number)
+                if number % 4 == 0 or not sockets:
+                    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    conn.settimeout(1)
+                    try:
+                        conn.connect(path)
+                    except OSError:
+                        conn.close()
+                        continue
+                    sockets.append(conn)
+                    connections += 1
+                target = rng.choice(sockets)
+                garbage = rng.randbytes(rng.randrange(0, 64))
+                frame = rng.choice([garbage, len(garbage).to_bytes(4, "big") + garbage])
+                try:
+                    target.sendall(frame)
+                except OSError:  # the daemon closed it: shed or refused, as it may
+                    sockets.remove(target)
+                    target.close()
+        alive = daemon.poll() is None
+        if alive:
+            with DaemonClient(path, start=False) as client:
+                counters = dict(client.status().get("counters", {}))
+    finally:
+        for conn in sockets:
+            conn.close()
+        for broker in brokers:
+            broker.close()
+        if daemon.poll() is None:
+            daemon.send_signal(signal.SIGTERM)
+            try:
+                daemon.wait(5)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+                daemon.wait()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return {
+        "tried": requests,
+        "delivered": exchanged - lost,
+        "lost": lost,
+        "corrupt": 0 if alive else 1,
+        "retransmitted": 0,
+        "connections": connections,
+        "daemon_counters": counters,
+    }
+
+
 CAMPAIGN_RUNNERS: dict[str, Callable[[FaultsParams], dict[str, Any]]] = {
     "uam": lambda p: uam_campaign(p.messages, p.rate, p.seed),
     "formats": lambda p: fuzz_formats(p.fuzz, p.seed),
+    "daemon": lambda p: daemon_campaign(p.flood, p.seed),
 }
 
 
