@@ -62,6 +62,7 @@ __all__ = [
     "ConnectionAborted",
     "ConnectionReset",
     "DataReceived",
+    "DeliveryProblem",
     "DropReason",
     "EndOfStream",
     "Event",
@@ -192,6 +193,10 @@ _SYNCHRONIZED = frozenset(_S) - {_S.CLOSED, _S.LISTEN, _S.SYN_SENT, _S.SYN_RECEI
 _RECEIVING = frozenset({_S.ESTABLISHED, _S.FIN_WAIT_1, _S.FIN_WAIT_2})  # peer may still send
 _SENDING = frozenset({_S.SYN_SENT, _S.SYN_RECEIVED, _S.ESTABLISHED, _S.CLOSE_WAIT})
 _KEEPALIVE = frozenset({_S.ESTABLISHED, _S.CLOSE_WAIT, _S.FIN_WAIT_2})
+# States whose peer has a connection an RST can close (not after its FIN was acknowledged).
+_PEER_KNOWS = frozenset(
+    {_S.SYN_RECEIVED, _S.ESTABLISHED, _S.FIN_WAIT_1, _S.FIN_WAIT_2, _S.CLOSE_WAIT}
+)
 
 
 # --- events ---------------------------------------------------------------------------------
@@ -227,12 +232,27 @@ class ConnectionAborted:
 
 
 @attrs.frozen(kw_only=True)
+class DeliveryProblem:
+    """The same segment has been retransmitted ``retransmissions`` times (threshold R1, RFC
+    9293 §3.8.3) without an acknowledgment: the connection is in trouble but not yet given up
+    (that happens at R2).  Reported once per stall."""
+
+    retransmissions: int
+
+
+@attrs.frozen(kw_only=True)
 class Closed:
     """The connection reached CLOSED in an orderly way (or the application aborted it)."""
 
 
 Event: TypeAlias = (
-    Connected | DataReceived | EndOfStream | ConnectionReset | ConnectionAborted | Closed
+    Connected
+    | DataReceived
+    | EndOfStream
+    | ConnectionReset
+    | ConnectionAborted
+    | DeliveryProblem
+    | Closed
 )
 
 
@@ -260,6 +280,7 @@ class DropReason(enum.Enum):
     RST_IGNORED = "RST not acceptable"
     CHALLENGED = "RST or SYN in window but not exact (challenge ACK sent, RFC 5961)"
     BAD_ACK = "ACK of something not sent"
+    OLD_ACK = "ACK below SND.UNA - MAX.SND.WND (challenge ACK sent, RFC 5961 §5.2)"
     NO_ACK = "ACK bit off"
     AFTER_FIN = "data after the peer's FIN"
     NOT_SYN = "no SYN where one was required"
@@ -269,7 +290,14 @@ class DropReason(enum.Enum):
 class TcpConfig:
     """Per-connection parameters; the defaults are U-Net TCP's (paper 000 §7.8).
 
-    Times are in seconds.  ``rto_min`` defaults to Linux's 200 ms rather than RFC 6298's 1 s:
+    Times are in seconds.  Retransmission gives up per RFC 9293 §3.8.3: after ``r1``
+    retransmissions of the same segment the application gets a :class:`DeliveryProblem`; the
+    connection aborts (an RST tells the peer) once the segment has been retransmitted
+    ``max_retransmissions`` times (R2) *and* ``r2_time`` seconds have passed since its first
+    retransmission (R2 "SHOULD correspond to at least 100 seconds"); a SYN likewise after
+    ``max_syn_retransmissions`` and ``r2_syn_time`` (at least 3 minutes).  Challenge ACKs
+    (RFC 5961 §7) are limited to ``challenge_ack_limit`` per ``challenge_ack_interval``.
+    ``rto_min`` defaults to Linux's 200 ms rather than RFC 6298's 1 s:
     with RTTs of 60-700 µs (paper 000 §7.8) a 1 s floor would waste the 1 ms granularity, and
     200 ms still covers a Linux peer's delayed ACK.  ``delayed_ack`` None means acknowledge at
     once (paper 000 §7.8); a number delays a lone segment's ACK by that much, and every second
@@ -283,8 +311,13 @@ class TcpConfig:
     rto_initial: float = 1.0
     rto_min: float = 0.2
     rto_max: float = 60.0
+    r1: int = 3
     max_retransmissions: int = 12
+    r2_time: float = 100.0
     max_syn_retransmissions: int = 6
+    r2_syn_time: float = 180.0
+    challenge_ack_limit: int = 10
+    challenge_ack_interval: float = 1.0
     delayed_ack: float | None = None
     nagle: bool = True
     msl: float = 30.0
@@ -313,6 +346,16 @@ class TcpConfig:
             raise ValueError(f"keepalive_idle must be positive or None, got {self.keepalive_idle}")
         if self.max_retransmissions < 0 or self.keepalive_probes < 1:
             raise ValueError("max_retransmissions must be >= 0 and keepalive_probes >= 1")
+        if self.r1 < 1:
+            raise ValueError(f"r1 must be at least 1, got {self.r1}")
+        for name in ("r2_time", "r2_syn_time"):
+            if not getattr(self, name) >= 0:  # also rejects NaN
+                raise ValueError(f"{name} must be >= 0 seconds, got {getattr(self, name)}")
+        if self.challenge_ack_limit < 0 or not self.challenge_ack_interval > 0:
+            raise ValueError(
+                "challenge_ack_limit must be >= 0 and challenge_ack_interval positive, got "
+                f"{self.challenge_ack_limit} per {self.challenge_ack_interval}"
+            )
         if self.dupack_threshold < 1:
             raise ValueError(f"dupack_threshold must be >= 1, got {self.dupack_threshold}")
 
@@ -333,7 +376,8 @@ class TcpStatistics:
     dup_acks: int  #: duplicate ACKs received (RFC 5681 §2)
     zero_window_probes: int
     keepalive_probes: int
-    challenge_acks: int
+    challenge_acks: int  #: challenge ACKs sent (RFC 5961)
+    challenge_acks_suppressed: int  #: challenge ACKs the rate limit withheld (RFC 5961 §7)
     srtt: float | None  #: smoothed RTT (None before the first sample)
     rttvar: float | None
     rto: float
@@ -462,6 +506,7 @@ class TcpConnection:
         self._rtt_seq: int | None = None  # the one timed sequence number (Karn: never a resend)
         self._rtt_time = 0.0
         self._retries = 0  # consecutive timeouts without progress
+        self._first_retry_at = 0.0  # when the first of those timeouts fired (for R2's time)
         # Congestion control (RFC 5681, RFC 6582).
         self._cwnd = 0
         self._ssthresh = _CWND_CAP
@@ -490,6 +535,10 @@ class TcpConnection:
         self._retransmissions = self._timeouts = self._fast_retransmits = 0
         self._dup_acks_in = self._zw_probes = self._ka_probes = self._challenge_acks = 0
         self._dropped: dict[DropReason, int] = {}
+        # Challenge ACK rate limit (RFC 5961 §7): the current interval's start and count.
+        self._challenge_window_start = -float("inf")
+        self._challenges_in_window = 0
+        self._challenges_suppressed = 0
 
     def __repr__(self) -> str:
         return (
@@ -629,14 +678,7 @@ class TcpConnection:
         CLOSED."""
         if self._state is TcpState.CLOSED:
             return
-        if self._state in (
-            TcpState.SYN_RECEIVED,
-            TcpState.ESTABLISHED,
-            TcpState.FIN_WAIT_1,
-            TcpState.FIN_WAIT_2,
-            TcpState.CLOSE_WAIT,
-        ):
-            self._emit(self._snd_nxt, TcpFlags.RST)
+        self._reset_peer()
         self._move(Trigger.ABORT)
         self._finish(Closed())
         self._rcvbuf.clear()
@@ -687,6 +729,7 @@ class TcpConnection:
             zero_window_probes=self._zw_probes,
             keepalive_probes=self._ka_probes,
             challenge_acks=self._challenge_acks,
+            challenge_acks_suppressed=self._challenges_suppressed,
             srtt=self._srtt,
             rttvar=self._rttvar,
             rto=self._rto,
@@ -728,16 +771,27 @@ class TcpConnection:
         synchronized = self._state in _SYNCHRONIZED
         if synchronized and self._snd_una == self._snd_max:
             return  # nothing outstanding (a stale timer)
-        limit = (
-            self.config.max_retransmissions if synchronized else self.config.max_syn_retransmissions
-        )
-        if self._retries >= limit:
+        cfg = self.config
+        if self._retries == 0:
+            self._first_retry_at = now
+        if synchronized:
+            limit, r2_time = cfg.max_retransmissions, cfg.r2_time
+        else:
+            limit, r2_time = cfg.max_syn_retransmissions, cfg.r2_syn_time
+        if self._retries >= limit and now - self._first_retry_at >= r2_time:
+            # R2 (RFC 9293 §3.8.3): give up, and tell the peer where it knows the connection.
+            self._reset_peer()
             self._finish(
-                ConnectionAborted(reason=f"no acknowledgment after {self._retries} retransmissions")
+                ConnectionAborted(
+                    reason=f"no acknowledgment after {self._retries} retransmissions "
+                    f"in {now - self._first_retry_at:g} s"
+                )
             )
             self._move_closed()
             return
         self._retries += 1
+        if self._retries == cfg.r1:
+            self._events.append(DeliveryProblem(retransmissions=self._retries))  # R1
         self._timeouts += 1
         if synchronized:
             if self._retries == 1:  # later timeouts of the same data keep ssthresh (RFC 5681)
@@ -977,7 +1031,7 @@ class TcpConnection:
             if seq == self._rcv_nxt:
                 self._reset_by_peer()
             elif 0 <= seq_diff(seq, self._rcv_nxt) < max(wnd, 1):
-                self._challenge_ack()
+                self._challenge_ack(now)
             else:
                 self._drop(DropReason.RST_IGNORED)
             return
@@ -1000,7 +1054,7 @@ class TcpConnection:
             self._send_ack()
             return
         if flags & _SYN:
-            self._challenge_ack()  # RFC 5961 §4: a SYN in a synchronized state
+            self._challenge_ack(now)  # RFC 5961 §4: a SYN in a synchronized state
             return
         if not flags & _ACK:
             self._drop(DropReason.NO_ACK)
@@ -1049,11 +1103,17 @@ class TcpConnection:
         6582).  False if the segment must be dropped."""
         ack = seg.ack
         if ((ack - self._snd_max + _HALF) & _MASK) - _HALF > 0:
-            self._drop(DropReason.BAD_ACK)
-            self._send_ack()
+            # RFC 9293 §3.10.7.4 and RFC 5961 §5.2: drop it, send an ACK -- rate-limited, for
+            # two ends that disagree about what was sent would otherwise trade ACKs forever.
+            self._challenge_ack(now, DropReason.BAD_ACK)
             return False
         old_una = self._snd_una
         una_to_ack = ((ack - old_una + _HALF) & _MASK) - _HALF
+        if una_to_ack < -self._max_snd_wnd:
+            # RFC 5961 §5.2: acceptable is SND.UNA - MAX.SND.WND <= SEG.ACK <= SND.NXT; an older
+            # ACK is a blind injection (its data must not reach the application).
+            self._challenge_ack(now, DropReason.OLD_ACK)
+            return False
         if una_to_ack > 0:
             self._on_new_ack(ack, now)
         elif (
@@ -1250,6 +1310,14 @@ class TcpConnection:
         event: Event = Closed() if self._state is TcpState.TIME_WAIT else ConnectionReset()
         self._move(Trigger.RESET)
         self._finish(event)
+
+    def _reset_peer(self) -> None:
+        """Tell the peer this end is going away (RFC 9293 §3.10.5), in the states where it
+        knows the connection.  The RST carries SND.MAX: the peer's RCV.NXT is at most that,
+        so the RST is either exact or in its window (then its challenge ACK, answered by
+        reset_for once this end is CLOSED, carries the exact number, RFC 5961 §3.2)."""
+        if self._state in _PEER_KNOWS:
+            self._emit(self._snd_max, _RST)
 
     def _move_closed(self) -> None:
         if self._state is not TcpState.CLOSED:
@@ -1452,9 +1520,12 @@ class TcpConnection:
         if self._snd_una == self._snd_max:
             return
         una = self._snd_una
-        remaining = seq_diff(self._fin_seq(), una)
-        size = min(self._eff_mss, max(remaining, 0))
-        fin = self._fin_queued and size == remaining
+        remaining = max(seq_diff(self._fin_seq(), una), 0)
+        # Resend only what was sent: bytes past SND.MAX would be acknowledged beyond what the
+        # ACK check allows (SEG.ACK <= SND.MAX), so the peer's ACK of them would be dropped.
+        outstanding = seq_diff(self._snd_max, una)
+        size = min(self._eff_mss, remaining, outstanding)
+        fin = self._fin_queued and size == remaining and outstanding > remaining
         self._send_range(una, size, fin, now)
         if not self._in_recovery:
             # After a timeout: go back, the rest follows as the reset cwnd allows (go-back-N).
@@ -1479,8 +1550,19 @@ class TcpConnection:
     def _send_ack(self) -> None:
         self._emit(self._snd_nxt, _ACK)
 
-    def _challenge_ack(self) -> None:
-        self._drop(DropReason.CHALLENGED)
+    def _challenge_ack(self, now: float, reason: DropReason = DropReason.CHALLENGED) -> None:
+        """Drop the segment for ``reason`` and answer it with an ACK, at most
+        ``challenge_ack_limit`` per ``challenge_ack_interval`` (RFC 5961 §7): a blind attacker
+        must not turn its guesses into a flood of ACKs."""
+        self._drop(reason)
+        cfg = self.config
+        if now - self._challenge_window_start >= cfg.challenge_ack_interval:
+            self._challenge_window_start = now
+            self._challenges_in_window = 0
+        if self._challenges_in_window >= cfg.challenge_ack_limit:
+            self._challenges_suppressed += 1
+            return
+        self._challenges_in_window += 1
         self._challenge_acks += 1
         self._send_ack()
 
