@@ -31,12 +31,8 @@ Application calls that the state forbids raise :class:`~stacklib.errors.LocalPro
 
 from __future__ import annotations
 
-import enum
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import TypeAlias
-
-import attrs
 
 from stacklib.errors import LocalProtocolError
 from stacklib.layers.tcp.wire import (
@@ -81,315 +77,35 @@ __all__ = [
     "seq_lt",
 ]
 
-# --- sequence arithmetic (RFC 9293 §3.4: all arithmetic is modulo 2**32) ------------------------
-
-SEQ_MOD = 1 << 32
-_MASK = SEQ_MOD - 1
-_HALF = 1 << 31
-
-
-def seq_add(a: int, n: int) -> int:
-    """``a + n`` modulo 2**32."""
-    return (a + n) & _MASK
-
-
-def seq_diff(a: int, b: int) -> int:
-    """``a - b`` as a signed distance in -2**31 .. 2**31 - 1 (the nearer way round).
-
-    The per-segment paths below (output engine, window and ACK bookkeeping) write this
-    expression out in place, ``((a - b + _HALF) & _MASK) - _HALF``: a Python call costs more
-    than the arithmetic, and they run it dozens of times per segment.
-    """
-    return ((a - b + _HALF) & _MASK) - _HALF
-
-
-def seq_lt(a: int, b: int) -> bool:
-    """``a`` comes before ``b`` in sequence space."""
-    return seq_diff(a, b) < 0
-
-
-def seq_leq(a: int, b: int) -> bool:
-    """``a`` is ``b`` or comes before it."""
-    return seq_diff(a, b) <= 0
-
-
-def seq_gt(a: int, b: int) -> bool:
-    """``a`` comes after ``b``."""
-    return seq_diff(a, b) > 0
-
-
-def seq_geq(a: int, b: int) -> bool:
-    """``a`` is ``b`` or comes after it."""
-    return seq_diff(a, b) >= 0
-
-
-# The control bits as plain ints for the per-segment paths: ``&`` and ``|`` on TcpFlags (an
-# IntFlag) run enum's Python code, several times per segment; on ints they are one C operation.
-_FIN = int(TcpFlags.FIN)
-_SYN = int(TcpFlags.SYN)
-_RST = int(TcpFlags.RST)
-_PSH = int(TcpFlags.PSH)
-_ACK = int(TcpFlags.ACK)
-
-# --- states, triggers and the transition table ----------------------------------------------
-
-
-class TcpState(enum.Enum):
-    """The connection states of RFC 9293 §3.3.2."""
-
-    CLOSED = "CLOSED"
-    LISTEN = "LISTEN"
-    SYN_SENT = "SYN-SENT"
-    SYN_RECEIVED = "SYN-RECEIVED"
-    ESTABLISHED = "ESTABLISHED"
-    FIN_WAIT_1 = "FIN-WAIT-1"
-    FIN_WAIT_2 = "FIN-WAIT-2"
-    CLOSE_WAIT = "CLOSE-WAIT"
-    CLOSING = "CLOSING"
-    LAST_ACK = "LAST-ACK"
-    TIME_WAIT = "TIME-WAIT"
-
-
-class Trigger(enum.Enum):
-    """What moves a connection between states (the arcs of RFC 9293 Figure 5)."""
-
-    CONNECT = "active open"
-    RCV_SYN = "SYN received"
-    RCV_SYN_ACK = "SYN+ACK received"
-    RCV_ACK_OF_SYN = "ACK of our SYN received"
-    CLOSE = "application shut down writing"
-    RCV_FIN = "FIN received"
-    RCV_ACK_OF_FIN = "ACK of our FIN received"
-    TIMEOUT = "2*MSL timeout"
-    RESET = "RST received"
-    ABORT = "aborted"
-
+from stacklib.layers.tcp.config import ChecksumPolicy, DropReason, TcpConfig, TcpStatistics
+from stacklib.layers.tcp.events import (
+    Closed,
+    Connected,
+    ConnectionAborted,
+    ConnectionReset,
+    DataReceived,
+    DeliveryProblem,
+    EndOfStream,
+    Event,
+)
+from stacklib.layers.tcp.reassembly import Reassembler
+from stacklib.layers.tcp.rtt import RttEstimator
+from stacklib.layers.tcp.seq import ACK as _ACK
+from stacklib.layers.tcp.seq import FIN as _FIN
+from stacklib.layers.tcp.seq import PSH as _PSH
+from stacklib.layers.tcp.seq import RST as _RST
+from stacklib.layers.tcp.seq import SEQ_HALF as _HALF
+from stacklib.layers.tcp.seq import SEQ_MASK as _MASK
+from stacklib.layers.tcp.seq import SYN as _SYN
+from stacklib.layers.tcp.seq import seq_add, seq_diff, seq_geq, seq_gt, seq_leq, seq_lt
+from stacklib.layers.tcp.states import KEEPALIVE as _KEEPALIVE
+from stacklib.layers.tcp.states import PEER_KNOWS as _PEER_KNOWS
+from stacklib.layers.tcp.states import RECEIVING as _RECEIVING
+from stacklib.layers.tcp.states import SENDING as _SENDING
+from stacklib.layers.tcp.states import SYNCHRONIZED as _SYNCHRONIZED
+from stacklib.layers.tcp.states import TRANSITIONS, TcpState, Trigger
 
 _S = TcpState
-_T = Trigger
-TRANSITIONS: Mapping[tuple[TcpState, Trigger], TcpState] = {
-    (_S.CLOSED, _T.CONNECT): _S.SYN_SENT,
-    (_S.LISTEN, _T.RCV_SYN): _S.SYN_RECEIVED,
-    (_S.SYN_SENT, _T.RCV_SYN): _S.SYN_RECEIVED,  # simultaneous open
-    (_S.SYN_SENT, _T.RCV_SYN_ACK): _S.ESTABLISHED,
-    (_S.SYN_SENT, _T.CLOSE): _S.CLOSED,
-    (_S.SYN_RECEIVED, _T.RCV_ACK_OF_SYN): _S.ESTABLISHED,
-    (_S.ESTABLISHED, _T.CLOSE): _S.FIN_WAIT_1,
-    (_S.ESTABLISHED, _T.RCV_FIN): _S.CLOSE_WAIT,
-    (_S.FIN_WAIT_1, _T.RCV_ACK_OF_FIN): _S.FIN_WAIT_2,
-    (_S.FIN_WAIT_1, _T.RCV_FIN): _S.CLOSING,  # simultaneous close
-    (_S.FIN_WAIT_2, _T.RCV_FIN): _S.TIME_WAIT,
-    (_S.CLOSE_WAIT, _T.CLOSE): _S.LAST_ACK,
-    (_S.CLOSING, _T.RCV_ACK_OF_FIN): _S.TIME_WAIT,
-    (_S.LAST_ACK, _T.RCV_ACK_OF_FIN): _S.CLOSED,
-    (_S.TIME_WAIT, _T.TIMEOUT): _S.CLOSED,
-    **{(s, _T.RESET): _S.CLOSED for s in _S if s not in (_S.CLOSED, _S.LISTEN)},
-    **{(s, _T.ABORT): _S.CLOSED for s in _S if s is not _S.CLOSED},
-}
-"""(state, trigger) -> next state: RFC 9293 Figure 5 as data; anything else is illegal."""
-
-# States in which our SYN has been acknowledged and both sequence spaces are known.
-_SYNCHRONIZED = frozenset(_S) - {_S.CLOSED, _S.LISTEN, _S.SYN_SENT, _S.SYN_RECEIVED}
-_RECEIVING = frozenset({_S.ESTABLISHED, _S.FIN_WAIT_1, _S.FIN_WAIT_2})  # peer may still send
-_SENDING = frozenset({_S.SYN_SENT, _S.SYN_RECEIVED, _S.ESTABLISHED, _S.CLOSE_WAIT})
-_KEEPALIVE = frozenset({_S.ESTABLISHED, _S.CLOSE_WAIT, _S.FIN_WAIT_2})
-# States whose peer has a connection an RST can close (not after its FIN was acknowledged).
-_PEER_KNOWS = frozenset(
-    {_S.SYN_RECEIVED, _S.ESTABLISHED, _S.FIN_WAIT_1, _S.FIN_WAIT_2, _S.CLOSE_WAIT}
-)
-
-
-# --- events ---------------------------------------------------------------------------------
-
-
-@attrs.frozen(kw_only=True)
-class Connected:
-    """The three-way handshake completed: the connection is ESTABLISHED."""
-
-
-@attrs.frozen(kw_only=True)
-class DataReceived:
-    """New in-order bytes arrived; ``available`` bytes can now be :meth:`~TcpConnection.read`."""
-
-    available: int
-
-
-@attrs.frozen(kw_only=True)
-class EndOfStream:
-    """The peer's FIN: after the bytes already received, the peer sends nothing more."""
-
-
-@attrs.frozen(kw_only=True)
-class ConnectionReset:
-    """The peer reset the connection (an acceptable RST; in SYN-SENT: connection refused)."""
-
-
-@attrs.frozen(kw_only=True)
-class ConnectionAborted:
-    """This end gave up on the connection; ``reason`` says why."""
-
-    reason: str
-
-
-@attrs.frozen(kw_only=True)
-class DeliveryProblem:
-    """The same segment has been retransmitted ``retransmissions`` times (threshold R1, RFC
-    9293 §3.8.3) without an acknowledgment: the connection is in trouble but not yet given up
-    (that happens at R2).  Reported once per stall."""
-
-    retransmissions: int
-
-
-@attrs.frozen(kw_only=True)
-class Closed:
-    """The connection reached CLOSED in an orderly way (or the application aborted it)."""
-
-
-Event: TypeAlias = (
-    Connected
-    | DataReceived
-    | EndOfStream
-    | ConnectionReset
-    | ConnectionAborted
-    | DeliveryProblem
-    | Closed
-)
-
-
-# --- configuration and statistics -------------------------------------------------------------
-
-
-class ChecksumPolicy(enum.Enum):
-    """Where the TCP checksum is handled in software (STYLE.md, habit 3)."""
-
-    BOTH = "compute on send, verify on receive"
-    TX = "compute on send only"
-    RX = "verify on receive only"
-    NONE = "neither (offloaded, or protected below, e.g. by the AAL5 CRC)"
-
-
-class DropReason(enum.Enum):
-    """Why an incoming segment (or part of one) was not used."""
-
-    MALFORMED = "did not parse"
-    CHECKSUM = "checksum mismatch"
-    WRONG_PORT = "ports are not this connection's"
-    CLOSED = "connection is closed (answered with RST)"
-    OUT_OF_WINDOW = "sequence number not acceptable"
-    DUPLICATE = "data already received"
-    RST_IGNORED = "RST not acceptable"
-    CHALLENGED = "RST or SYN in window but not exact (challenge ACK sent, RFC 5961)"
-    BAD_ACK = "ACK of something not sent"
-    OLD_ACK = "ACK below SND.UNA - MAX.SND.WND (challenge ACK sent, RFC 5961 §5.2)"
-    NO_ACK = "ACK bit off"
-    AFTER_FIN = "data after the peer's FIN"
-    NOT_SYN = "no SYN where one was required"
-
-
-@attrs.frozen(kw_only=True)
-class TcpConfig:
-    """Per-connection parameters; the defaults are U-Net TCP's (paper 000 §7.8).
-
-    Times are in seconds.  Retransmission gives up per RFC 9293 §3.8.3: after ``r1``
-    retransmissions of the same segment the application gets a :class:`DeliveryProblem`; the
-    connection aborts (an RST tells the peer) once the segment has been retransmitted
-    ``max_retransmissions`` times (R2) *and* ``r2_time`` seconds have passed since its first
-    retransmission (R2 "SHOULD correspond to at least 100 seconds"); a SYN likewise after
-    ``max_syn_retransmissions`` and ``r2_syn_time`` (at least 3 minutes).  Challenge ACKs
-    (RFC 5961 §7) are limited to ``challenge_ack_limit`` per ``challenge_ack_interval``.
-    ``rto_min`` defaults to Linux's 200 ms rather than RFC 6298's 1 s:
-    with RTTs of 60-700 µs (paper 000 §7.8) a 1 s floor would waste the 1 ms granularity, and
-    200 ms still covers a Linux peer's delayed ACK.  ``delayed_ack`` None means acknowledge at
-    once (paper 000 §7.8); a number delays a lone segment's ACK by that much, and every second
-    segment is acknowledged at once.  ``initial_cwnd`` None uses RFC 5681 §3.1's rule.
-    """
-
-    mss: int = 2048
-    send_buffer: int = 8192
-    receive_buffer: int = 8192
-    clock_granularity: float = 1e-3
-    rto_initial: float = 1.0
-    rto_min: float = 0.2
-    rto_max: float = 60.0
-    r1: int = 3
-    max_retransmissions: int = 12
-    r2_time: float = 100.0
-    max_syn_retransmissions: int = 6
-    r2_syn_time: float = 180.0
-    challenge_ack_limit: int = 10
-    challenge_ack_interval: float = 1.0
-    delayed_ack: float | None = None
-    nagle: bool = True
-    msl: float = 30.0
-    persist_max: float = 60.0
-    keepalive_idle: float | None = None
-    keepalive_interval: float = 75.0
-    keepalive_probes: int = 9
-    initial_cwnd: int | None = None
-    dupack_threshold: int = 3
-    checksum: ChecksumPolicy = ChecksumPolicy.BOTH
-
-    def __attrs_post_init__(self) -> None:
-        if not 1 <= self.mss <= 0xFFFF:
-            raise ValueError(f"mss must be in 1..65535, got {self.mss}")
-        for name in ("send_buffer", "receive_buffer", "max_syn_retransmissions"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("clock_granularity", "rto_initial", "rto_min", "rto_max", "msl"):
-            if not getattr(self, name) > 0:  # also rejects NaN
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.rto_min > self.rto_max:
-            raise ValueError(f"rto_min {self.rto_min} exceeds rto_max {self.rto_max}")
-        if self.delayed_ack is not None and not self.delayed_ack > 0:
-            raise ValueError(f"delayed_ack must be positive or None, got {self.delayed_ack}")
-        if self.keepalive_idle is not None and not self.keepalive_idle > 0:
-            raise ValueError(f"keepalive_idle must be positive or None, got {self.keepalive_idle}")
-        if self.max_retransmissions < 0 or self.keepalive_probes < 1:
-            raise ValueError("max_retransmissions must be >= 0 and keepalive_probes >= 1")
-        if self.r1 < 1:
-            raise ValueError(f"r1 must be at least 1, got {self.r1}")
-        for name in ("r2_time", "r2_syn_time"):
-            if not getattr(self, name) >= 0:  # also rejects NaN
-                raise ValueError(f"{name} must be >= 0 seconds, got {getattr(self, name)}")
-        if self.challenge_ack_limit < 0 or not self.challenge_ack_interval > 0:
-            raise ValueError(
-                "challenge_ack_limit must be >= 0 and challenge_ack_interval positive, got "
-                f"{self.challenge_ack_limit} per {self.challenge_ack_interval}"
-            )
-        if self.dupack_threshold < 1:
-            raise ValueError(f"dupack_threshold must be >= 1, got {self.dupack_threshold}")
-
-
-@attrs.frozen(kw_only=True)
-class TcpStatistics:
-    """A snapshot of one connection's counters and estimators (paper 000 §7.4: the application
-    can see its retransmission counters and round-trip estimates)."""
-
-    state: TcpState
-    segments_in: int  #: segments received that parsed and matched the ports
-    segments_out: int  #: segments produced (incl. retransmissions, ACKs, RSTs)
-    bytes_sent: int  #: new payload bytes sent (first transmissions only)
-    bytes_received: int  #: payload bytes delivered in order
-    retransmissions: int  #: segments sent again (timeouts, fast and partial-ACK retransmits)
-    timeouts: int  #: retransmission timer expiries
-    fast_retransmits: int  #: entries into fast recovery
-    dup_acks: int  #: duplicate ACKs received (RFC 5681 §2)
-    zero_window_probes: int
-    keepalive_probes: int
-    challenge_acks: int  #: challenge ACKs sent (RFC 5961)
-    challenge_acks_suppressed: int  #: challenge ACKs the rate limit withheld (RFC 5961 §7)
-    srtt: float | None  #: smoothed RTT (None before the first sample)
-    rttvar: float | None
-    rto: float
-    cwnd: int
-    ssthresh: int
-    snd_wnd: int  #: the peer's advertised window
-    rcv_wnd: int  #: the window this end advertises now
-    mss: int  #: effective send MSS
-    send_queued: int  #: bytes accepted by send() and not yet acknowledged
-    receive_queued: int  #: bytes received in order and not yet read
-    dropped: Mapping[DropReason, int]
-
 
 # --- helpers -----------------------------------------------------------------------------------
 
@@ -496,13 +212,16 @@ class TcpConnection:
         self._rcv_nxt = 0
         self._rcv_adv = 0  # right edge of the window last advertised (never moves left)
         self._rcvbuf = bytearray()  # in order, not yet read
-        self._ooo: dict[int, bytes] = {}  # out of order, within the window, by seq
-        self._ooo_fin: int | None = None  # seq of a FIN that arrived out of order
+        self._reassembly = Reassembler()
+        self._ooo = self._reassembly.segments  # the same dict: tested per segment
         self._eff_mss = min(cfg.mss, _DEFAULT_MSS)
         # RTT and RTO (RFC 6298).
-        self._srtt: float | None = None
-        self._rttvar: float | None = None
-        self._rto = cfg.rto_initial
+        self._rtt = RttEstimator(
+            initial=cfg.rto_initial,
+            rto_min=cfg.rto_min,
+            rto_max=cfg.rto_max,
+            granularity=cfg.clock_granularity,
+        )
         self._rtt_seq: int | None = None  # the one timed sequence number (Karn: never a resend)
         self._rtt_time = 0.0
         self._retries = 0  # consecutive timeouts without progress
@@ -730,9 +449,9 @@ class TcpConnection:
             keepalive_probes=self._ka_probes,
             challenge_acks=self._challenge_acks,
             challenge_acks_suppressed=self._challenges_suppressed,
-            srtt=self._srtt,
-            rttvar=self._rttvar,
-            rto=self._rto,
+            srtt=self._rtt.srtt,
+            rttvar=self._rtt.rttvar,
+            rto=self._rtt.rto,
             cwnd=self._cwnd,
             ssthresh=self._ssthresh,
             snd_wnd=self._snd_wnd,
@@ -800,10 +519,10 @@ class TcpConnection:
             self._in_recovery = False
             self._dupacks = 0
             self._recover = self._snd_max
-        self._rto = min(self._rto * 2, self.config.rto_max)
+        self._rtt.back_off()
         self._rtt_seq = None  # Karn: the timed segment is being resent
         self._retransmit_head(now)
-        self._rtx_at = now + self._rto
+        self._rtx_at = now + self._rtt.rto
 
     def _on_persist(self, now: float) -> None:
         """Zero-window probe (RFC 9293 §3.8.6.1, RFC 1122 §4.2.2.17), Linux style: a segment
@@ -819,7 +538,7 @@ class TcpConnection:
         self._persist_at = now + self._persist_interval()
 
     def _persist_interval(self) -> float:
-        return min(self._rto * (1 << min(self._persist_backoff, 30)), self.config.persist_max)
+        return min(self._rtt.rto * (1 << min(self._persist_backoff, 30)), self.config.persist_max)
 
     def _on_keepalive(self, now: float) -> None:
         """RFC 1122 §4.2.3.6: after ``keepalive_idle`` of silence, probe; after
@@ -999,7 +718,7 @@ class TcpConnection:
     def _on_syn_acked(self, now: float) -> None:
         """Our SYN is acknowledged: an RTT sample unless it was resent, the window starts."""
         if self._rtt_seq is not None:
-            self._rtt_sample(now - self._rtt_time)
+            self._rtt.sample(now - self._rtt_time)
             self._rtt_seq = None
         self._retries = 0
         self._rtx_at = None
@@ -1155,7 +874,7 @@ class TcpConnection:
         acked = ((ack - self._snd_una + _HALF) & _MASK) - _HALF
         rtt_seq = self._rtt_seq
         if rtt_seq is not None and ((ack - rtt_seq + _HALF) & _MASK) - _HALF > 0:
-            self._rtt_sample(now - self._rtt_time)
+            self._rtt.sample(now - self._rtt_time)
             self._rtt_seq = None
         # Drop acknowledged bytes from the send buffer (the FIN is not in it).
         n = ((ack - self._sndbuf_seq + _HALF) & _MASK) - _HALF
@@ -1182,7 +901,7 @@ class TcpConnection:
                 self._cwnd = max(self._cwnd - acked + (mss if acked >= mss else 0), mss)
                 if self._first_partial:
                     self._first_partial = False
-                    self._rtx_at = now + self._rto
+                    self._rtx_at = now + self._rtt.rto
                 return
         else:
             self._dupacks = 0
@@ -1193,7 +912,7 @@ class TcpConnection:
                 cwnd += max(1, mss * mss // cwnd)  # congestion avoidance (eq. 3)
             self._cwnd = cwnd if cwnd < _CWND_CAP else _CWND_CAP
         # RFC 6298 §5.2-5.3: stop the timer when all is acknowledged, else restart it.
-        self._rtx_at = None if self._snd_una == self._snd_max else now + self._rto
+        self._rtx_at = None if self._snd_una == self._snd_max else now + self._rtt.rto
 
     def _on_dup_ack(self, now: float) -> None:
         """RFC 5681 §3.2 with RFC 6582 §3.2 step 2 (no new recovery before ``recover``)."""
@@ -1242,10 +961,7 @@ class TcpConnection:
         if seq != self._rcv_nxt:
             # Out of order: keep it for later, and send a duplicate ACK at once (RFC 5681 §4.2)
             # so the sender can count three of them.
-            if payload and len(payload) > len(self._ooo.get(seq, b"")):
-                self._ooo[seq] = payload
-            if fin:
-                self._ooo_fin = seq_add(seq, len(payload))
+            self._reassembly.add(seq, payload, fin)
             self._send_ack()
             return
         filled_gap = bool(self._ooo)
@@ -1253,8 +969,9 @@ class TcpConnection:
         if payload:
             self._deliver(payload)
         if not fin and self._ooo:
-            self._drain_ooo()
-            fin = self._ooo_fin is not None and self._ooo_fin == self._rcv_nxt
+            for piece in self._reassembly.take(self._rcv_nxt):
+                self._deliver(piece)
+            fin = self._reassembly.fin_at(self._rcv_nxt)
         if self._bytes_received != before:
             self._events.append(DataReceived(available=len(self._rcvbuf)))
         if fin:
@@ -1274,23 +991,8 @@ class TcpConnection:
         self._rcv_nxt = (self._rcv_nxt + len(payload)) & _MASK
         self._bytes_received += len(payload)
 
-    def _drain_ooo(self) -> None:
-        progressed = True
-        while progressed and self._ooo:
-            progressed = False
-            for start in list(self._ooo):
-                data = self._ooo[start]
-                end = seq_add(start, len(data))
-                if seq_leq(end, self._rcv_nxt):
-                    del self._ooo[start]
-                elif seq_leq(start, self._rcv_nxt):
-                    del self._ooo[start]
-                    self._deliver(data[seq_diff(self._rcv_nxt, start) :])
-                    progressed = True
-
     def _on_fin(self, now: float) -> None:
-        self._ooo.clear()
-        self._ooo_fin = None
+        self._reassembly.clear()
         self._rcv_nxt = seq_add(self._rcv_nxt, 1)
         self._ack_pending = True
         self._events.append(EndOfStream())
@@ -1329,25 +1031,10 @@ class TcpConnection:
         self._rtx_at = self._persist_at = self._delack_at = None
         self._keepalive_at = self._timewait_at = None
         self._sndbuf.clear()
-        self._ooo.clear()
-        self._ooo_fin = None
+        self._reassembly.clear()
         self._ack_pending = False
         if not isinstance(event, Closed):
             self._rcvbuf.clear()
-
-    # ------------------------------------------------------------------ RTT (RFC 6298 §2)
-
-    def _rtt_sample(self, r: float) -> None:
-        cfg = self.config
-        r = max(r, 0.0)
-        if self._srtt is None or self._rttvar is None:
-            self._srtt = r
-            self._rttvar = r / 2
-        else:
-            self._rttvar = 0.75 * self._rttvar + 0.25 * abs(self._srtt - r)
-            self._srtt = 0.875 * self._srtt + 0.125 * r
-        rto = self._srtt + max(cfg.clock_granularity, 4 * self._rttvar)
-        self._rto = min(max(rto, cfg.rto_min), cfg.rto_max)
 
     # ------------------------------------------------------------------ output engine
 
@@ -1442,7 +1129,7 @@ class TcpConnection:
         elif self._rtt_seq is None:
             self._rtt_seq, self._rtt_time = self._iss, now
         if self._rtx_at is None:
-            self._rtx_at = now + self._rto
+            self._rtx_at = now + self._rtt.rto
 
     def _send_data(self, now: float) -> None:
         cfg = self.config
@@ -1508,7 +1195,7 @@ class TcpConnection:
                 self._rtt_seq, self._rtt_time = seq, now
         self._emit(seq, flags, payload)
         if self._rtx_at is None:
-            self._rtx_at = now + self._rto
+            self._rtx_at = now + self._rtt.rto
 
     def _retransmit_head(self, now: float) -> None:
         """Resend the first unacknowledged segment whatever the windows (RFC 5681 §3.2 step 2,
