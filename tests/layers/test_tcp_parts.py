@@ -1,13 +1,17 @@
-"""The parts TCP's connection is made of, each on its own: the RFC 6298 estimator and the
-out-of-order queue."""
+"""The parts TCP's connection is made of, each on its own: the RFC 6298 estimator, the
+out-of-order queue and the congestion controller (and that the connection uses the one
+configured)."""
 
 from __future__ import annotations
 
 import pytest
 
+from stacklib.layers.tcp.congestion import CongestionController, NewReno, initial_window
+from stacklib.layers.tcp.machine import TcpConfig
 from stacklib.layers.tcp.reassembly import Reassembler
 from stacklib.layers.tcp.rtt import RttEstimator
 from stacklib.layers.tcp.seq import seq_add
+from tests.layers.test_tcp_machine import data_from, established
 
 
 def estimator(**kw: float) -> RttEstimator:
@@ -55,3 +59,57 @@ def test_reassembly_fills_gaps_in_order_and_drops_old_bytes() -> None:
     r.add(30, b"a", fin=True)
     r.clear()
     assert not r.segments and r.fin is None
+
+
+# --- congestion control ---------------------------------------------------------------------
+
+
+def test_newreno_slow_start_avoidance_loss_and_timeout() -> None:
+    cc = NewReno()
+    assert cc.cwnd == 0 and cc.name == "newreno"
+    cc.start(initial_window(1400))
+    assert cc.cwnd == 3 * 1400  # RFC 5681 eq. 1
+    cc.on_ack(700, 1400)
+    cc.on_ack(5000, 1400)  # slow start: min(acked, SMSS) per ACK
+    assert cc.cwnd == 3 * 1400 + 700 + 1400
+    cc.on_congestion(20_000, 1400)
+    assert cc.ssthresh == 10_000
+    cc.cwnd = 10_000
+    cc.on_ack(1400, 1400)  # congestion avoidance: SMSS^2 / cwnd
+    assert cc.cwnd == 10_000 + 1400 * 1400 // 10_000
+    cc.on_timeout(30_000, 1400, first=True)
+    assert (cc.cwnd, cc.ssthresh) == (1400, 15_000)
+    cc.on_timeout(2_000, 1400, first=False)  # a later expiry keeps ssthresh
+    assert (cc.cwnd, cc.ssthresh) == (1400, 15_000)
+    assert [initial_window(m) for m in (536, 1400, 2048, 9000)] == [2144, 4200, 6144, 18000]
+
+
+class FixedWindow(CongestionController):
+    """A controller that never moves: the connection must send by it alone."""
+
+    name = "fixed"
+
+    def start(self, window: int) -> None:
+        self.cwnd = 2 * 2048  # two of the default MSS
+
+    def on_ack(self, acked: int, mss: int) -> None:
+        pass
+
+    def on_congestion(self, flight: int, mss: int) -> None:
+        pass
+
+    def on_timeout(self, flight: int, mss: int, *, first: bool) -> None:
+        pass
+
+
+def test_the_connection_sends_by_the_configured_controller() -> None:
+    big = TcpConfig(send_buffer=65535, receive_buffer=65535, congestion=FixedWindow)
+    n = established(big, big)
+    n.now = 1.0
+    n.a.send(b"x" * 20_000)
+    n.pump()
+    # Two segments in flight, not NewReno's initial three, and never more as ACKs come back.
+    assert [len(seg.payload) for _, seg in data_from(n, "a")] == [2048, 2048]
+    n.run()
+    assert bytes(n.received["b"]) == b"x" * 20_000
+    assert n.a.statistics().cwnd == 4096

@@ -4,10 +4,11 @@ the checksum policy and the reasons a segment is dropped."""
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import attrs
 
+from stacklib.layers.tcp.congestion import CongestionController, NewReno
 from stacklib.layers.tcp.states import TcpState
 
 __all__ = ["ChecksumPolicy", "DropReason", "TcpConfig", "TcpStatistics"]
@@ -56,6 +57,7 @@ class TcpConfig:
     200 ms still covers a Linux peer's delayed ACK.  ``delayed_ack`` None means acknowledge at
     once (paper 000 §7.8); a number delays a lone segment's ACK by that much, and every second
     segment is acknowledged at once.  ``initial_cwnd`` None uses RFC 5681 §3.1's rule.
+    ``congestion`` makes each connection's congestion controller (NewReno by default).
     """
 
     mss: int = 2048
@@ -81,6 +83,7 @@ class TcpConfig:
     keepalive_probes: int = 9
     initial_cwnd: int | None = None
     dupack_threshold: int = 3
+    congestion: Callable[[], CongestionController] = NewReno
     checksum: ChecksumPolicy = ChecksumPolicy.BOTH
 
     def __attrs_post_init__(self) -> None:

@@ -78,6 +78,7 @@ __all__ = [
 ]
 
 from stacklib.layers.tcp.config import ChecksumPolicy, DropReason, TcpConfig, TcpStatistics
+from stacklib.layers.tcp.congestion import CWND_CAP, CongestionController, initial_window
 from stacklib.layers.tcp.events import (
     Closed,
     Connected,
@@ -136,16 +137,6 @@ _MAX_WINDOW = 0xFFFF  # no window scaling: the header field is the window
 # Header prediction's control words: data offset 5 (no options), then ACK or ACK|PSH only.
 _PREDICTED_ACK = 0x5000 | _ACK
 _PREDICTED_PSH = 0x5000 | _ACK | _PSH
-_CWND_CAP = 1 << 30
-
-
-def _initial_window(mss: int) -> int:
-    """RFC 5681 §3.1, equation 1."""
-    if mss > 2190:
-        return 2 * mss
-    if mss > 1095:
-        return 3 * mss
-    return 4 * mss
 
 
 class TcpConnection:
@@ -227,8 +218,7 @@ class TcpConnection:
         self._retries = 0  # consecutive timeouts without progress
         self._first_retry_at = 0.0  # when the first of those timeouts fired (for R2's time)
         # Congestion control (RFC 5681, RFC 6582).
-        self._cwnd = 0
-        self._ssthresh = _CWND_CAP
+        self._cc: CongestionController = cfg.congestion()
         self._dupacks = 0
         self._in_recovery = False
         self._recover = iss
@@ -452,8 +442,8 @@ class TcpConnection:
             srtt=self._rtt.srtt,
             rttvar=self._rtt.rttvar,
             rto=self._rtt.rto,
-            cwnd=self._cwnd,
-            ssthresh=self._ssthresh,
+            cwnd=self._cc.cwnd,
+            ssthresh=self._cc.ssthresh,
             snd_wnd=self._snd_wnd,
             rcv_wnd=self._rcv_window(),
             mss=self._eff_mss,
@@ -513,9 +503,7 @@ class TcpConnection:
             self._events.append(DeliveryProblem(retransmissions=self._retries))  # R1
         self._timeouts += 1
         if synchronized:
-            if self._retries == 1:  # later timeouts of the same data keep ssthresh (RFC 5681)
-                self._ssthresh = max(self._flight() // 2, 2 * self._eff_mss)
-            self._cwnd = self._eff_mss  # the loss window
+            self._cc.on_timeout(self._flight(), self._eff_mss, first=self._retries == 1)
             self._in_recovery = False
             self._dupacks = 0
             self._recover = self._snd_max
@@ -725,11 +713,11 @@ class TcpConnection:
         if self._snd_nxt == self._iss or seq_lt(self._snd_nxt, self._snd_una):
             self._snd_nxt = self._snd_una
         cfg = self.config
-        iw = _initial_window(self._eff_mss)
+        iw = initial_window(self._eff_mss)
         if cfg.initial_cwnd is not None:
             iw = cfg.initial_cwnd * self._eff_mss
         # RFC 5681 §3.1: after a lost SYN the initial window is one segment.
-        self._cwnd = self._eff_mss if self._timeouts else iw
+        self._cc.start(self._eff_mss if self._timeouts else iw)
         self._recover = self._iss
 
     def _established(self, now: float) -> None:
@@ -891,26 +879,23 @@ class TcpConnection:
         if self._in_recovery:
             if seq_geq(ack, self._recover):
                 # Full ACK (RFC 6582 §3.2 step 3): deflate to min(ssthresh, FlightSize + SMSS).
-                self._cwnd = min(self._ssthresh, max(self._flight(), mss) + mss)
+                cc = self._cc
+                cc.cwnd = min(cc.ssthresh, max(self._flight(), mss) + mss)
                 self._in_recovery = False
                 self._dupacks = 0
             else:
                 # Partial ACK: resend the next hole, deflate by the amount acked, add one SMSS
                 # back if that was at least one SMSS; restart the timer on the first only.
                 self._retransmit_head(now)
-                self._cwnd = max(self._cwnd - acked + (mss if acked >= mss else 0), mss)
+                cc = self._cc
+                cc.cwnd = max(cc.cwnd - acked + (mss if acked >= mss else 0), mss)
                 if self._first_partial:
                     self._first_partial = False
                     self._rtx_at = now + self._rtt.rto
                 return
         else:
             self._dupacks = 0
-            cwnd = self._cwnd
-            if cwnd < self._ssthresh:
-                cwnd += acked if acked < mss else mss  # slow start (RFC 5681 eq. 2)
-            else:
-                cwnd += max(1, mss * mss // cwnd)  # congestion avoidance (eq. 3)
-            self._cwnd = cwnd if cwnd < _CWND_CAP else _CWND_CAP
+            self._cc.on_ack(acked, mss)
         # RFC 6298 §5.2-5.3: stop the timer when all is acknowledged, else restart it.
         self._rtx_at = None if self._snd_una == self._snd_max else now + self._rtt.rto
 
@@ -920,17 +905,18 @@ class TcpConnection:
         self._dupacks += 1
         mss = self._eff_mss
         if self._in_recovery:
-            self._cwnd = min(self._cwnd + mss, _CWND_CAP)  # inflate per extra dup ACK
+            cc = self._cc
+            cc.cwnd = min(cc.cwnd + mss, CWND_CAP)  # inflate per extra dup ACK
             return
         if self._dupacks == self.config.dupack_threshold and seq_geq(self._snd_una, self._recover):
             self._fast_retransmits += 1
-            self._ssthresh = max(self._flight() // 2, 2 * mss)
+            self._cc.on_congestion(self._flight(), mss)
             self._recover = self._snd_max
             self._in_recovery = True
             self._first_partial = True
             self._rtt_seq = None  # Karn
             self._retransmit_head(now)
-            self._cwnd = self._ssthresh + self.config.dupack_threshold * mss
+            self._cc.cwnd = self._cc.ssthresh + self.config.dupack_threshold * mss
 
     def _on_text(self, seg: Segment, now: float) -> None:
         """Segment text and FIN (RFC 9293 §3.10.7.4 seventh and eighth)."""
@@ -1093,7 +1079,7 @@ class TcpConnection:
 
     def _usable(self) -> int:
         outstanding = ((self._snd_nxt - self._snd_una + _HALF) & _MASK) - _HALF
-        return min(self._snd_wnd, self._cwnd) - outstanding
+        return min(self._snd_wnd, self._cc.cwnd) - outstanding
 
     def _fin_seq(self) -> int:
         return (self._sndbuf_seq + len(self._sndbuf)) & _MASK
@@ -1139,7 +1125,8 @@ class TcpConnection:
             unsent = ((fin_seq - self._snd_nxt + _HALF) & _MASK) - _HALF
             if unsent > 0:
                 # _usable(), written out: min(SND.WND, cwnd) less what is outstanding.
-                usable = self._snd_wnd if self._snd_wnd < self._cwnd else self._cwnd
+                cwnd = self._cc.cwnd
+                usable = self._snd_wnd if self._snd_wnd < cwnd else cwnd
                 usable -= ((self._snd_nxt - self._snd_una + _HALF) & _MASK) - _HALF
                 size = mss if mss < unsent else unsent
                 if usable < size:
