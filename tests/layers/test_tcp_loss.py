@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from stacklib.layers.tcp.driver import TcpParams
 from stacklib.layers.tcp.machine import (
     ConnectionAborted,
     ConnectionReset,
@@ -104,3 +105,10 @@ def test_defaults_follow_rfc_9293() -> None:
     cfg = TcpConfig()
     assert cfg.r1 == 3 and cfg.r1 < cfg.max_retransmissions
     assert cfg.r2_time >= 100 and cfg.r2_syn_time >= 180
+
+
+def test_the_layer_passes_r2_to_its_connections() -> None:
+    cfg = TcpParams(max_retransmissions=4, r2_time=0.5, r2_syn_time=7.0).config()
+    assert (cfg.max_retransmissions, cfg.r2_time, cfg.r2_syn_time) == (4, 0.5, 7.0)
+    with pytest.raises(ValueError, match="r2_time"):
+        TcpParams(r2_time=-1.0)
