@@ -1,6 +1,6 @@
-"""The parts TCP's connection is made of, each on its own: the RFC 6298 estimator, the
-out-of-order queue and the congestion controller (and that the connection uses the one
-configured)."""
+"""The parts TCP's connection is made of, each on its own: the RFC 6298 estimator, the send
+buffer, the out-of-order queue and the congestion controller (and that the connection uses the
+one configured)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from stacklib.layers.tcp.congestion import CongestionController, NewReno, initia
 from stacklib.layers.tcp.machine import TcpConfig
 from stacklib.layers.tcp.reassembly import Reassembler
 from stacklib.layers.tcp.rtt import RttEstimator
+from stacklib.layers.tcp.sendbuf import SendBuffer
 from stacklib.layers.tcp.seq import seq_add
 from tests.layers.test_tcp_machine import data_from, established
 
@@ -113,3 +114,23 @@ def test_the_connection_sends_by_the_configured_controller() -> None:
     n.run()
     assert bytes(n.received["b"]) == b"x" * 20_000
     assert n.a.statistics().cwnd == 4096
+
+
+# --- the send buffer --------------------------------------------------------------------------
+
+
+def test_send_buffer_bounds_copies_and_releases_across_the_wrap() -> None:
+    start = (1 << 32) - 2
+    buf = SendBuffer(start, capacity=5)
+    chunk = bytearray(b"abcdefg")
+    assert buf.push(chunk) == 5 and buf.room == 0 and buf.push(b"h") == 0
+    chunk[0] = ord("z")  # the caller's buffer is not the stream
+    assert bytes(buf.data) == b"abcde" and buf.end == 3
+    buf.acknowledge(seq_add(start, 2))
+    assert bytes(buf.data) == b"cde" and buf.seq == 0 and buf.room == 2
+    buf.acknowledge(seq_add(start, 1))  # an old ACK releases nothing
+    assert buf.seq == 0
+    buf.acknowledge(4)  # the FIN's ACK is one past the bytes
+    assert not buf.data and buf.seq == 3 and buf.end == 3
+    with pytest.raises(ValueError, match="capacity"):
+        SendBuffer(0, capacity=0)

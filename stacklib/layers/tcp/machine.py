@@ -91,6 +91,7 @@ from stacklib.layers.tcp.events import (
 )
 from stacklib.layers.tcp.reassembly import Reassembler
 from stacklib.layers.tcp.rtt import RttEstimator
+from stacklib.layers.tcp.sendbuf import SendBuffer
 from stacklib.layers.tcp.seq import ACK as _ACK
 from stacklib.layers.tcp.seq import FIN as _FIN
 from stacklib.layers.tcp.seq import PSH as _PSH
@@ -195,8 +196,8 @@ class TcpConnection:
         self._snd_wl1 = 0
         self._snd_wl2 = 0
         self._max_snd_wnd = 0
-        self._sndbuf = bytearray()  # bytes from _sndbuf_seq: unacknowledged, then unsent
-        self._sndbuf_seq = seq_add(iss, 1)
+        self._send = SendBuffer(seq_add(iss, 1), cfg.send_buffer)
+        self._sndbuf = self._send.data  # the same bytearray, for the per-segment paths
         self._fin_queued = False  # the application shut down writing
         # Receive sequence space.
         self._irs = 0
@@ -305,7 +306,7 @@ class TcpConnection:
         # ESTABLISHED first, by identity: set membership hashes the enum in Python.
         if (state is not _S.ESTABLISHED and state not in _SENDING) or self._fin_queued:
             return 0
-        return self.config.send_buffer - len(self._sndbuf)
+        return self._send.capacity - len(self._sndbuf)
 
     @property
     def readable(self) -> int:
@@ -346,10 +347,7 @@ class TcpConnection:
             raise self._illegal("send()", "the connection is not open for sending")
         if self._fin_queued:
             raise self._illegal("send()", "writing was shut down")
-        n = min(len(data), self.config.send_buffer - len(self._sndbuf))
-        if n > 0:
-            self._sndbuf += memoryview(data)[:n]  # a copy: the caller may reuse its buffer
-        return n
+        return self._send.push(data)
 
     def read(self, max_bytes: int | None = None) -> bytes:
         """Up to ``max_bytes`` (all if None) received bytes, in order.  Freeing buffer space
@@ -865,12 +863,7 @@ class TcpConnection:
             self._rtt.sample(now - self._rtt_time)
             self._rtt_seq = None
         # Drop acknowledged bytes from the send buffer (the FIN is not in it).
-        n = ((ack - self._sndbuf_seq + _HALF) & _MASK) - _HALF
-        if n > 0:
-            if n > len(self._sndbuf):
-                n = len(self._sndbuf)
-            del self._sndbuf[:n]
-            self._sndbuf_seq = (self._sndbuf_seq + n) & _MASK
+        self._send.acknowledge(ack)
         self._snd_una = ack
         if ((self._snd_nxt - ack + _HALF) & _MASK) - _HALF < 0:
             self._snd_nxt = ack
@@ -1016,7 +1009,7 @@ class TcpConnection:
         self._events.append(event)
         self._rtx_at = self._persist_at = self._delack_at = None
         self._keepalive_at = self._timewait_at = None
-        self._sndbuf.clear()
+        self._send.clear()
         self._reassembly.clear()
         self._ack_pending = False
         if not isinstance(event, Closed):
@@ -1082,7 +1075,7 @@ class TcpConnection:
         return min(self._snd_wnd, self._cc.cwnd) - outstanding
 
     def _fin_seq(self) -> int:
-        return (self._sndbuf_seq + len(self._sndbuf)) & _MASK
+        return (self._send.seq + len(self._sndbuf)) & _MASK
 
     def _output(self, now: float) -> None:
         """Send what the state, the windows, Nagle and SWS avoidance allow, then any ACK owed."""
@@ -1094,7 +1087,7 @@ class TcpConnection:
                 self._send_syn(now)
             return
         if state is not TcpState.TIME_WAIT:
-            if self._fin_queued or self._snd_nxt != (self._sndbuf_seq + len(self._sndbuf)) & _MASK:
+            if self._fin_queued or self._snd_nxt != (self._send.seq + len(self._sndbuf)) & _MASK:
                 self._send_data(now)
             else:
                 self._force_send = False  # nothing to send: what _send_data would conclude
@@ -1120,7 +1113,7 @@ class TcpConnection:
     def _send_data(self, now: float) -> None:
         cfg = self.config
         mss = self._eff_mss
-        fin_seq = (self._sndbuf_seq + len(self._sndbuf)) & _MASK  # _fin_seq()
+        fin_seq = (self._send.seq + len(self._sndbuf)) & _MASK  # _fin_seq()
         while True:
             unsent = ((fin_seq - self._snd_nxt + _HALF) & _MASK) - _HALF
             if unsent > 0:
@@ -1166,7 +1159,7 @@ class TcpConnection:
 
     def _send_range(self, seq: int, size: int, fin: bool, now: float) -> None:
         """Emit data ``seq .. seq + size`` (and a FIN): a first transmission or a resend."""
-        start = ((seq - self._sndbuf_seq + _HALF) & _MASK) - _HALF
+        start = ((seq - self._send.seq + _HALF) & _MASK) - _HALF
         payload = self._sndbuf[start : start + size]  # one copy; the header is added to it
         flags = _ACK
         if payload and start + size == len(self._sndbuf):
@@ -1212,7 +1205,7 @@ class TcpConnection:
         if (
             self._rtx_at is None
             and self._snd_una == self._snd_max
-            and ((self._sndbuf_seq + len(self._sndbuf) - self._snd_nxt + _HALF) & _MASK) - _HALF > 0
+            and ((self._send.seq + len(self._sndbuf) - self._snd_nxt + _HALF) & _MASK) - _HALF > 0
         ):
             if self._persist_at is None:
                 self._persist_at = now + self._persist_interval()
