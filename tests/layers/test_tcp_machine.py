@@ -332,7 +332,7 @@ def test_simultaneous_open() -> None:
 
 
 def test_lost_syn_is_resent_with_backoff_then_aborted() -> None:
-    n = net(TcpConfig(max_syn_retransmissions=2), fault=lambda i, s, d: [])
+    n = net(TcpConfig(max_syn_retransmissions=2, r2_syn_time=0), fault=lambda i, s, d: [])
     n.a.connect(0.0)
     n.run()
     assert [s.time for s in n.sent] == [0.0, 1.0, 3.0]
@@ -382,7 +382,8 @@ def test_data_both_ways_under_20_percent_loss() -> None:
     assert bytes(n.received["a"]) == b_data
     assert state(n.a) is TcpState.CLOSED and state(n.b) is TcpState.CLOSED
     for side in ("a", "b"):
-        types = n.event_types(side)
+        # R1 reports (DeliveryProblem) may come between: a segment lost three times running.
+        types = [t for t in n.event_types(side) if t != "DeliveryProblem"]
         assert types[0] == "Connected" and types[-2:] == ["EndOfStream", "Closed"]
     stats = n.a.statistics()
     assert stats.retransmissions > 0 and stats.bytes_sent == 1 << 20
@@ -489,7 +490,7 @@ def test_send_is_bounded_by_the_send_buffer() -> None:
 
 
 def test_rto_backoff_timings_and_abort() -> None:
-    n = established(TcpConfig(max_retransmissions=3))
+    n = established(TcpConfig(max_retransmissions=3, r2_time=0))
     n.fault = lambda i, s, d: [] if s == "a" else [(0.0, d)]
     n.now = 1.0
     n.a.send(b"x" * 100)

@@ -179,6 +179,11 @@ class TcpParams:
     #: Delayed ACK in seconds; 0 acknowledges at once (paper 000 §7.8: U-Net TCP disables it).
     delayed_ack: float = attrs.field(default=0.0, validator=_non_negative)
     nagle: bool = True
+    #: R2 (RFC 9293 §3.8.3): a connection gives up after this many retransmissions of one
+    #: segment and at least ``r2_time`` seconds of them (a SYN: ``r2_syn_time``).
+    max_retransmissions: int = attrs.field(default=12, validator=_int_in(0, 1 << 16))
+    r2_time: float = attrs.field(default=100.0, validator=_non_negative)
+    r2_syn_time: float = attrs.field(default=180.0, validator=_non_negative)
     #: Maximum segment lifetime; TIME-WAIT lasts twice this.
     msl: float = attrs.field(default=30.0, validator=_positive)
     #: Keepalive idle time in seconds; 0 is off (RFC 1122 §4.2.3.6).
@@ -220,6 +225,9 @@ class TcpParams:
             delayed_ack=self.delayed_ack or None,
             nagle=self.nagle,
             msl=self.msl,
+            max_retransmissions=self.max_retransmissions,
+            r2_time=self.r2_time,
+            r2_syn_time=self.r2_syn_time,
             keepalive_idle=self.keepalive_idle or None,
             checksum=ChecksumPolicy[self.checksum.upper()],
         )

@@ -31,12 +31,8 @@ Application calls that the state forbids raise :class:`~stacklib.errors.LocalPro
 
 from __future__ import annotations
 
-import enum
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import TypeAlias
-
-import attrs
 
 from stacklib.errors import LocalProtocolError
 from stacklib.layers.tcp.wire import (
@@ -62,6 +58,7 @@ __all__ = [
     "ConnectionAborted",
     "ConnectionReset",
     "DataReceived",
+    "DeliveryProblem",
     "DropReason",
     "EndOfStream",
     "Event",
@@ -80,272 +77,37 @@ __all__ = [
     "seq_lt",
 ]
 
-# --- sequence arithmetic (RFC 9293 §3.4: all arithmetic is modulo 2**32) ------------------------
-
-SEQ_MOD = 1 << 32
-_MASK = SEQ_MOD - 1
-_HALF = 1 << 31
-
-
-def seq_add(a: int, n: int) -> int:
-    """``a + n`` modulo 2**32."""
-    return (a + n) & _MASK
-
-
-def seq_diff(a: int, b: int) -> int:
-    """``a - b`` as a signed distance in -2**31 .. 2**31 - 1 (the nearer way round).
-
-    The per-segment paths below (output engine, window and ACK bookkeeping) write this
-    expression out in place, ``((a - b + _HALF) & _MASK) - _HALF``: a Python call costs more
-    than the arithmetic, and they run it dozens of times per segment.
-    """
-    return ((a - b + _HALF) & _MASK) - _HALF
-
-
-def seq_lt(a: int, b: int) -> bool:
-    """``a`` comes before ``b`` in sequence space."""
-    return seq_diff(a, b) < 0
-
-
-def seq_leq(a: int, b: int) -> bool:
-    """``a`` is ``b`` or comes before it."""
-    return seq_diff(a, b) <= 0
-
-
-def seq_gt(a: int, b: int) -> bool:
-    """``a`` comes after ``b``."""
-    return seq_diff(a, b) > 0
-
-
-def seq_geq(a: int, b: int) -> bool:
-    """``a`` is ``b`` or comes after it."""
-    return seq_diff(a, b) >= 0
-
-
-# The control bits as plain ints for the per-segment paths: ``&`` and ``|`` on TcpFlags (an
-# IntFlag) run enum's Python code, several times per segment; on ints they are one C operation.
-_FIN = int(TcpFlags.FIN)
-_SYN = int(TcpFlags.SYN)
-_RST = int(TcpFlags.RST)
-_PSH = int(TcpFlags.PSH)
-_ACK = int(TcpFlags.ACK)
-
-# --- states, triggers and the transition table ----------------------------------------------
-
-
-class TcpState(enum.Enum):
-    """The connection states of RFC 9293 §3.3.2."""
-
-    CLOSED = "CLOSED"
-    LISTEN = "LISTEN"
-    SYN_SENT = "SYN-SENT"
-    SYN_RECEIVED = "SYN-RECEIVED"
-    ESTABLISHED = "ESTABLISHED"
-    FIN_WAIT_1 = "FIN-WAIT-1"
-    FIN_WAIT_2 = "FIN-WAIT-2"
-    CLOSE_WAIT = "CLOSE-WAIT"
-    CLOSING = "CLOSING"
-    LAST_ACK = "LAST-ACK"
-    TIME_WAIT = "TIME-WAIT"
-
-
-class Trigger(enum.Enum):
-    """What moves a connection between states (the arcs of RFC 9293 Figure 5)."""
-
-    CONNECT = "active open"
-    RCV_SYN = "SYN received"
-    RCV_SYN_ACK = "SYN+ACK received"
-    RCV_ACK_OF_SYN = "ACK of our SYN received"
-    CLOSE = "application shut down writing"
-    RCV_FIN = "FIN received"
-    RCV_ACK_OF_FIN = "ACK of our FIN received"
-    TIMEOUT = "2*MSL timeout"
-    RESET = "RST received"
-    ABORT = "aborted"
-
+from stacklib.layers.tcp.config import ChecksumPolicy, DropReason, TcpConfig, TcpStatistics
+from stacklib.layers.tcp.congestion import CWND_CAP, CongestionController, initial_window
+from stacklib.layers.tcp.events import (
+    Closed,
+    Connected,
+    ConnectionAborted,
+    ConnectionReset,
+    DataReceived,
+    DeliveryProblem,
+    EndOfStream,
+    Event,
+)
+from stacklib.layers.tcp.reassembly import Reassembler
+from stacklib.layers.tcp.rtt import RttEstimator
+from stacklib.layers.tcp.sendbuf import SendBuffer
+from stacklib.layers.tcp.seq import ACK as _ACK
+from stacklib.layers.tcp.seq import FIN as _FIN
+from stacklib.layers.tcp.seq import PSH as _PSH
+from stacklib.layers.tcp.seq import RST as _RST
+from stacklib.layers.tcp.seq import SEQ_HALF as _HALF
+from stacklib.layers.tcp.seq import SEQ_MASK as _MASK
+from stacklib.layers.tcp.seq import SYN as _SYN
+from stacklib.layers.tcp.seq import seq_add, seq_diff, seq_geq, seq_gt, seq_leq, seq_lt
+from stacklib.layers.tcp.states import KEEPALIVE as _KEEPALIVE
+from stacklib.layers.tcp.states import PEER_KNOWS as _PEER_KNOWS
+from stacklib.layers.tcp.states import RECEIVING as _RECEIVING
+from stacklib.layers.tcp.states import SENDING as _SENDING
+from stacklib.layers.tcp.states import SYNCHRONIZED as _SYNCHRONIZED
+from stacklib.layers.tcp.states import TRANSITIONS, TcpState, Trigger
 
 _S = TcpState
-_T = Trigger
-TRANSITIONS: Mapping[tuple[TcpState, Trigger], TcpState] = {
-    (_S.CLOSED, _T.CONNECT): _S.SYN_SENT,
-    (_S.LISTEN, _T.RCV_SYN): _S.SYN_RECEIVED,
-    (_S.SYN_SENT, _T.RCV_SYN): _S.SYN_RECEIVED,  # simultaneous open
-    (_S.SYN_SENT, _T.RCV_SYN_ACK): _S.ESTABLISHED,
-    (_S.SYN_SENT, _T.CLOSE): _S.CLOSED,
-    (_S.SYN_RECEIVED, _T.RCV_ACK_OF_SYN): _S.ESTABLISHED,
-    (_S.ESTABLISHED, _T.CLOSE): _S.FIN_WAIT_1,
-    (_S.ESTABLISHED, _T.RCV_FIN): _S.CLOSE_WAIT,
-    (_S.FIN_WAIT_1, _T.RCV_ACK_OF_FIN): _S.FIN_WAIT_2,
-    (_S.FIN_WAIT_1, _T.RCV_FIN): _S.CLOSING,  # simultaneous close
-    (_S.FIN_WAIT_2, _T.RCV_FIN): _S.TIME_WAIT,
-    (_S.CLOSE_WAIT, _T.CLOSE): _S.LAST_ACK,
-    (_S.CLOSING, _T.RCV_ACK_OF_FIN): _S.TIME_WAIT,
-    (_S.LAST_ACK, _T.RCV_ACK_OF_FIN): _S.CLOSED,
-    (_S.TIME_WAIT, _T.TIMEOUT): _S.CLOSED,
-    **{(s, _T.RESET): _S.CLOSED for s in _S if s not in (_S.CLOSED, _S.LISTEN)},
-    **{(s, _T.ABORT): _S.CLOSED for s in _S if s is not _S.CLOSED},
-}
-"""(state, trigger) -> next state: RFC 9293 Figure 5 as data; anything else is illegal."""
-
-# States in which our SYN has been acknowledged and both sequence spaces are known.
-_SYNCHRONIZED = frozenset(_S) - {_S.CLOSED, _S.LISTEN, _S.SYN_SENT, _S.SYN_RECEIVED}
-_RECEIVING = frozenset({_S.ESTABLISHED, _S.FIN_WAIT_1, _S.FIN_WAIT_2})  # peer may still send
-_SENDING = frozenset({_S.SYN_SENT, _S.SYN_RECEIVED, _S.ESTABLISHED, _S.CLOSE_WAIT})
-_KEEPALIVE = frozenset({_S.ESTABLISHED, _S.CLOSE_WAIT, _S.FIN_WAIT_2})
-
-
-# --- events ---------------------------------------------------------------------------------
-
-
-@attrs.frozen(kw_only=True)
-class Connected:
-    """The three-way handshake completed: the connection is ESTABLISHED."""
-
-
-@attrs.frozen(kw_only=True)
-class DataReceived:
-    """New in-order bytes arrived; ``available`` bytes can now be :meth:`~TcpConnection.read`."""
-
-    available: int
-
-
-@attrs.frozen(kw_only=True)
-class EndOfStream:
-    """The peer's FIN: after the bytes already received, the peer sends nothing more."""
-
-
-@attrs.frozen(kw_only=True)
-class ConnectionReset:
-    """The peer reset the connection (an acceptable RST; in SYN-SENT: connection refused)."""
-
-
-@attrs.frozen(kw_only=True)
-class ConnectionAborted:
-    """This end gave up on the connection; ``reason`` says why."""
-
-    reason: str
-
-
-@attrs.frozen(kw_only=True)
-class Closed:
-    """The connection reached CLOSED in an orderly way (or the application aborted it)."""
-
-
-Event: TypeAlias = (
-    Connected | DataReceived | EndOfStream | ConnectionReset | ConnectionAborted | Closed
-)
-
-
-# --- configuration and statistics -------------------------------------------------------------
-
-
-class ChecksumPolicy(enum.Enum):
-    """Where the TCP checksum is handled in software (STYLE.md, habit 3)."""
-
-    BOTH = "compute on send, verify on receive"
-    TX = "compute on send only"
-    RX = "verify on receive only"
-    NONE = "neither (offloaded, or protected below, e.g. by the AAL5 CRC)"
-
-
-class DropReason(enum.Enum):
-    """Why an incoming segment (or part of one) was not used."""
-
-    MALFORMED = "did not parse"
-    CHECKSUM = "checksum mismatch"
-    WRONG_PORT = "ports are not this connection's"
-    CLOSED = "connection is closed (answered with RST)"
-    OUT_OF_WINDOW = "sequence number not acceptable"
-    DUPLICATE = "data already received"
-    RST_IGNORED = "RST not acceptable"
-    CHALLENGED = "RST or SYN in window but not exact (challenge ACK sent, RFC 5961)"
-    BAD_ACK = "ACK of something not sent"
-    NO_ACK = "ACK bit off"
-    AFTER_FIN = "data after the peer's FIN"
-    NOT_SYN = "no SYN where one was required"
-
-
-@attrs.frozen(kw_only=True)
-class TcpConfig:
-    """Per-connection parameters; the defaults are U-Net TCP's (paper 000 §7.8).
-
-    Times are in seconds.  ``rto_min`` defaults to Linux's 200 ms rather than RFC 6298's 1 s:
-    with RTTs of 60-700 µs (paper 000 §7.8) a 1 s floor would waste the 1 ms granularity, and
-    200 ms still covers a Linux peer's delayed ACK.  ``delayed_ack`` None means acknowledge at
-    once (paper 000 §7.8); a number delays a lone segment's ACK by that much, and every second
-    segment is acknowledged at once.  ``initial_cwnd`` None uses RFC 5681 §3.1's rule.
-    """
-
-    mss: int = 2048
-    send_buffer: int = 8192
-    receive_buffer: int = 8192
-    clock_granularity: float = 1e-3
-    rto_initial: float = 1.0
-    rto_min: float = 0.2
-    rto_max: float = 60.0
-    max_retransmissions: int = 12
-    max_syn_retransmissions: int = 6
-    delayed_ack: float | None = None
-    nagle: bool = True
-    msl: float = 30.0
-    persist_max: float = 60.0
-    keepalive_idle: float | None = None
-    keepalive_interval: float = 75.0
-    keepalive_probes: int = 9
-    initial_cwnd: int | None = None
-    dupack_threshold: int = 3
-    checksum: ChecksumPolicy = ChecksumPolicy.BOTH
-
-    def __attrs_post_init__(self) -> None:
-        if not 1 <= self.mss <= 0xFFFF:
-            raise ValueError(f"mss must be in 1..65535, got {self.mss}")
-        for name in ("send_buffer", "receive_buffer", "max_syn_retransmissions"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("clock_granularity", "rto_initial", "rto_min", "rto_max", "msl"):
-            if not getattr(self, name) > 0:  # also rejects NaN
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.rto_min > self.rto_max:
-            raise ValueError(f"rto_min {self.rto_min} exceeds rto_max {self.rto_max}")
-        if self.delayed_ack is not None and not self.delayed_ack > 0:
-            raise ValueError(f"delayed_ack must be positive or None, got {self.delayed_ack}")
-        if self.keepalive_idle is not None and not self.keepalive_idle > 0:
-            raise ValueError(f"keepalive_idle must be positive or None, got {self.keepalive_idle}")
-        if self.max_retransmissions < 0 or self.keepalive_probes < 1:
-            raise ValueError("max_retransmissions must be >= 0 and keepalive_probes >= 1")
-        if self.dupack_threshold < 1:
-            raise ValueError(f"dupack_threshold must be >= 1, got {self.dupack_threshold}")
-
-
-@attrs.frozen(kw_only=True)
-class TcpStatistics:
-    """A snapshot of one connection's counters and estimators (paper 000 §7.4: the application
-    can see its retransmission counters and round-trip estimates)."""
-
-    state: TcpState
-    segments_in: int  #: segments received that parsed and matched the ports
-    segments_out: int  #: segments produced (incl. retransmissions, ACKs, RSTs)
-    bytes_sent: int  #: new payload bytes sent (first transmissions only)
-    bytes_received: int  #: payload bytes delivered in order
-    retransmissions: int  #: segments sent again (timeouts, fast and partial-ACK retransmits)
-    timeouts: int  #: retransmission timer expiries
-    fast_retransmits: int  #: entries into fast recovery
-    dup_acks: int  #: duplicate ACKs received (RFC 5681 §2)
-    zero_window_probes: int
-    keepalive_probes: int
-    challenge_acks: int
-    srtt: float | None  #: smoothed RTT (None before the first sample)
-    rttvar: float | None
-    rto: float
-    cwnd: int
-    ssthresh: int
-    snd_wnd: int  #: the peer's advertised window
-    rcv_wnd: int  #: the window this end advertises now
-    mss: int  #: effective send MSS
-    send_queued: int  #: bytes accepted by send() and not yet acknowledged
-    receive_queued: int  #: bytes received in order and not yet read
-    dropped: Mapping[DropReason, int]
-
 
 # --- helpers -----------------------------------------------------------------------------------
 
@@ -376,16 +138,6 @@ _MAX_WINDOW = 0xFFFF  # no window scaling: the header field is the window
 # Header prediction's control words: data offset 5 (no options), then ACK or ACK|PSH only.
 _PREDICTED_ACK = 0x5000 | _ACK
 _PREDICTED_PSH = 0x5000 | _ACK | _PSH
-_CWND_CAP = 1 << 30
-
-
-def _initial_window(mss: int) -> int:
-    """RFC 5681 §3.1, equation 1."""
-    if mss > 2190:
-        return 2 * mss
-    if mss > 1095:
-        return 3 * mss
-    return 4 * mss
 
 
 class TcpConnection:
@@ -444,27 +196,30 @@ class TcpConnection:
         self._snd_wl1 = 0
         self._snd_wl2 = 0
         self._max_snd_wnd = 0
-        self._sndbuf = bytearray()  # bytes from _sndbuf_seq: unacknowledged, then unsent
-        self._sndbuf_seq = seq_add(iss, 1)
+        self._send = SendBuffer(seq_add(iss, 1), cfg.send_buffer)
+        self._sndbuf = self._send.data  # the same bytearray, for the per-segment paths
         self._fin_queued = False  # the application shut down writing
         # Receive sequence space.
         self._irs = 0
         self._rcv_nxt = 0
         self._rcv_adv = 0  # right edge of the window last advertised (never moves left)
         self._rcvbuf = bytearray()  # in order, not yet read
-        self._ooo: dict[int, bytes] = {}  # out of order, within the window, by seq
-        self._ooo_fin: int | None = None  # seq of a FIN that arrived out of order
+        self._reassembly = Reassembler()
+        self._ooo = self._reassembly.segments  # the same dict: tested per segment
         self._eff_mss = min(cfg.mss, _DEFAULT_MSS)
         # RTT and RTO (RFC 6298).
-        self._srtt: float | None = None
-        self._rttvar: float | None = None
-        self._rto = cfg.rto_initial
+        self._rtt = RttEstimator(
+            initial=cfg.rto_initial,
+            rto_min=cfg.rto_min,
+            rto_max=cfg.rto_max,
+            granularity=cfg.clock_granularity,
+        )
         self._rtt_seq: int | None = None  # the one timed sequence number (Karn: never a resend)
         self._rtt_time = 0.0
         self._retries = 0  # consecutive timeouts without progress
+        self._first_retry_at = 0.0  # when the first of those timeouts fired (for R2's time)
         # Congestion control (RFC 5681, RFC 6582).
-        self._cwnd = 0
-        self._ssthresh = _CWND_CAP
+        self._cc: CongestionController = cfg.congestion()
         self._dupacks = 0
         self._in_recovery = False
         self._recover = iss
@@ -490,6 +245,10 @@ class TcpConnection:
         self._retransmissions = self._timeouts = self._fast_retransmits = 0
         self._dup_acks_in = self._zw_probes = self._ka_probes = self._challenge_acks = 0
         self._dropped: dict[DropReason, int] = {}
+        # Challenge ACK rate limit (RFC 5961 §7): the current interval's start and count.
+        self._challenge_window_start = -float("inf")
+        self._challenges_in_window = 0
+        self._challenges_suppressed = 0
 
     def __repr__(self) -> str:
         return (
@@ -547,7 +306,7 @@ class TcpConnection:
         # ESTABLISHED first, by identity: set membership hashes the enum in Python.
         if (state is not _S.ESTABLISHED and state not in _SENDING) or self._fin_queued:
             return 0
-        return self.config.send_buffer - len(self._sndbuf)
+        return self._send.capacity - len(self._sndbuf)
 
     @property
     def readable(self) -> int:
@@ -588,10 +347,7 @@ class TcpConnection:
             raise self._illegal("send()", "the connection is not open for sending")
         if self._fin_queued:
             raise self._illegal("send()", "writing was shut down")
-        n = min(len(data), self.config.send_buffer - len(self._sndbuf))
-        if n > 0:
-            self._sndbuf += memoryview(data)[:n]  # a copy: the caller may reuse its buffer
-        return n
+        return self._send.push(data)
 
     def read(self, max_bytes: int | None = None) -> bytes:
         """Up to ``max_bytes`` (all if None) received bytes, in order.  Freeing buffer space
@@ -629,14 +385,7 @@ class TcpConnection:
         CLOSED."""
         if self._state is TcpState.CLOSED:
             return
-        if self._state in (
-            TcpState.SYN_RECEIVED,
-            TcpState.ESTABLISHED,
-            TcpState.FIN_WAIT_1,
-            TcpState.FIN_WAIT_2,
-            TcpState.CLOSE_WAIT,
-        ):
-            self._emit(self._snd_nxt, TcpFlags.RST)
+        self._reset_peer()
         self._move(Trigger.ABORT)
         self._finish(Closed())
         self._rcvbuf.clear()
@@ -687,11 +436,12 @@ class TcpConnection:
             zero_window_probes=self._zw_probes,
             keepalive_probes=self._ka_probes,
             challenge_acks=self._challenge_acks,
-            srtt=self._srtt,
-            rttvar=self._rttvar,
-            rto=self._rto,
-            cwnd=self._cwnd,
-            ssthresh=self._ssthresh,
+            challenge_acks_suppressed=self._challenges_suppressed,
+            srtt=self._rtt.srtt,
+            rttvar=self._rtt.rttvar,
+            rto=self._rtt.rto,
+            cwnd=self._cc.cwnd,
+            ssthresh=self._cc.ssthresh,
             snd_wnd=self._snd_wnd,
             rcv_wnd=self._rcv_window(),
             mss=self._eff_mss,
@@ -728,28 +478,37 @@ class TcpConnection:
         synchronized = self._state in _SYNCHRONIZED
         if synchronized and self._snd_una == self._snd_max:
             return  # nothing outstanding (a stale timer)
-        limit = (
-            self.config.max_retransmissions if synchronized else self.config.max_syn_retransmissions
-        )
-        if self._retries >= limit:
+        cfg = self.config
+        if self._retries == 0:
+            self._first_retry_at = now
+        if synchronized:
+            limit, r2_time = cfg.max_retransmissions, cfg.r2_time
+        else:
+            limit, r2_time = cfg.max_syn_retransmissions, cfg.r2_syn_time
+        if self._retries >= limit and now - self._first_retry_at >= r2_time:
+            # R2 (RFC 9293 §3.8.3): give up, and tell the peer where it knows the connection.
+            self._reset_peer()
             self._finish(
-                ConnectionAborted(reason=f"no acknowledgment after {self._retries} retransmissions")
+                ConnectionAborted(
+                    reason=f"no acknowledgment after {self._retries} retransmissions "
+                    f"in {now - self._first_retry_at:g} s"
+                )
             )
             self._move_closed()
             return
         self._retries += 1
+        if self._retries == cfg.r1:
+            self._events.append(DeliveryProblem(retransmissions=self._retries))  # R1
         self._timeouts += 1
         if synchronized:
-            if self._retries == 1:  # later timeouts of the same data keep ssthresh (RFC 5681)
-                self._ssthresh = max(self._flight() // 2, 2 * self._eff_mss)
-            self._cwnd = self._eff_mss  # the loss window
+            self._cc.on_timeout(self._flight(), self._eff_mss, first=self._retries == 1)
             self._in_recovery = False
             self._dupacks = 0
             self._recover = self._snd_max
-        self._rto = min(self._rto * 2, self.config.rto_max)
+        self._rtt.back_off()
         self._rtt_seq = None  # Karn: the timed segment is being resent
         self._retransmit_head(now)
-        self._rtx_at = now + self._rto
+        self._rtx_at = now + self._rtt.rto
 
     def _on_persist(self, now: float) -> None:
         """Zero-window probe (RFC 9293 §3.8.6.1, RFC 1122 §4.2.2.17), Linux style: a segment
@@ -765,7 +524,7 @@ class TcpConnection:
         self._persist_at = now + self._persist_interval()
 
     def _persist_interval(self) -> float:
-        return min(self._rto * (1 << min(self._persist_backoff, 30)), self.config.persist_max)
+        return min(self._rtt.rto * (1 << min(self._persist_backoff, 30)), self.config.persist_max)
 
     def _on_keepalive(self, now: float) -> None:
         """RFC 1122 §4.2.3.6: after ``keepalive_idle`` of silence, probe; after
@@ -945,18 +704,18 @@ class TcpConnection:
     def _on_syn_acked(self, now: float) -> None:
         """Our SYN is acknowledged: an RTT sample unless it was resent, the window starts."""
         if self._rtt_seq is not None:
-            self._rtt_sample(now - self._rtt_time)
+            self._rtt.sample(now - self._rtt_time)
             self._rtt_seq = None
         self._retries = 0
         self._rtx_at = None
         if self._snd_nxt == self._iss or seq_lt(self._snd_nxt, self._snd_una):
             self._snd_nxt = self._snd_una
         cfg = self.config
-        iw = _initial_window(self._eff_mss)
+        iw = initial_window(self._eff_mss)
         if cfg.initial_cwnd is not None:
             iw = cfg.initial_cwnd * self._eff_mss
         # RFC 5681 §3.1: after a lost SYN the initial window is one segment.
-        self._cwnd = self._eff_mss if self._timeouts else iw
+        self._cc.start(self._eff_mss if self._timeouts else iw)
         self._recover = self._iss
 
     def _established(self, now: float) -> None:
@@ -977,7 +736,7 @@ class TcpConnection:
             if seq == self._rcv_nxt:
                 self._reset_by_peer()
             elif 0 <= seq_diff(seq, self._rcv_nxt) < max(wnd, 1):
-                self._challenge_ack()
+                self._challenge_ack(now)
             else:
                 self._drop(DropReason.RST_IGNORED)
             return
@@ -1000,7 +759,7 @@ class TcpConnection:
             self._send_ack()
             return
         if flags & _SYN:
-            self._challenge_ack()  # RFC 5961 §4: a SYN in a synchronized state
+            self._challenge_ack(now)  # RFC 5961 §4: a SYN in a synchronized state
             return
         if not flags & _ACK:
             self._drop(DropReason.NO_ACK)
@@ -1049,11 +808,17 @@ class TcpConnection:
         6582).  False if the segment must be dropped."""
         ack = seg.ack
         if ((ack - self._snd_max + _HALF) & _MASK) - _HALF > 0:
-            self._drop(DropReason.BAD_ACK)
-            self._send_ack()
+            # RFC 9293 §3.10.7.4 and RFC 5961 §5.2: drop it, send an ACK -- rate-limited, for
+            # two ends that disagree about what was sent would otherwise trade ACKs forever.
+            self._challenge_ack(now, DropReason.BAD_ACK)
             return False
         old_una = self._snd_una
         una_to_ack = ((ack - old_una + _HALF) & _MASK) - _HALF
+        if una_to_ack < -self._max_snd_wnd:
+            # RFC 5961 §5.2: acceptable is SND.UNA - MAX.SND.WND <= SEG.ACK <= SND.NXT; an older
+            # ACK is a blind injection (its data must not reach the application).
+            self._challenge_ack(now, DropReason.OLD_ACK)
+            return False
         if una_to_ack > 0:
             self._on_new_ack(ack, now)
         elif (
@@ -1095,15 +860,10 @@ class TcpConnection:
         acked = ((ack - self._snd_una + _HALF) & _MASK) - _HALF
         rtt_seq = self._rtt_seq
         if rtt_seq is not None and ((ack - rtt_seq + _HALF) & _MASK) - _HALF > 0:
-            self._rtt_sample(now - self._rtt_time)
+            self._rtt.sample(now - self._rtt_time)
             self._rtt_seq = None
         # Drop acknowledged bytes from the send buffer (the FIN is not in it).
-        n = ((ack - self._sndbuf_seq + _HALF) & _MASK) - _HALF
-        if n > 0:
-            if n > len(self._sndbuf):
-                n = len(self._sndbuf)
-            del self._sndbuf[:n]
-            self._sndbuf_seq = (self._sndbuf_seq + n) & _MASK
+        self._send.acknowledge(ack)
         self._snd_una = ack
         if ((self._snd_nxt - ack + _HALF) & _MASK) - _HALF < 0:
             self._snd_nxt = ack
@@ -1112,28 +872,25 @@ class TcpConnection:
         if self._in_recovery:
             if seq_geq(ack, self._recover):
                 # Full ACK (RFC 6582 §3.2 step 3): deflate to min(ssthresh, FlightSize + SMSS).
-                self._cwnd = min(self._ssthresh, max(self._flight(), mss) + mss)
+                cc = self._cc
+                cc.cwnd = min(cc.ssthresh, max(self._flight(), mss) + mss)
                 self._in_recovery = False
                 self._dupacks = 0
             else:
                 # Partial ACK: resend the next hole, deflate by the amount acked, add one SMSS
                 # back if that was at least one SMSS; restart the timer on the first only.
                 self._retransmit_head(now)
-                self._cwnd = max(self._cwnd - acked + (mss if acked >= mss else 0), mss)
+                cc = self._cc
+                cc.cwnd = max(cc.cwnd - acked + (mss if acked >= mss else 0), mss)
                 if self._first_partial:
                     self._first_partial = False
-                    self._rtx_at = now + self._rto
+                    self._rtx_at = now + self._rtt.rto
                 return
         else:
             self._dupacks = 0
-            cwnd = self._cwnd
-            if cwnd < self._ssthresh:
-                cwnd += acked if acked < mss else mss  # slow start (RFC 5681 eq. 2)
-            else:
-                cwnd += max(1, mss * mss // cwnd)  # congestion avoidance (eq. 3)
-            self._cwnd = cwnd if cwnd < _CWND_CAP else _CWND_CAP
+            self._cc.on_ack(acked, mss)
         # RFC 6298 §5.2-5.3: stop the timer when all is acknowledged, else restart it.
-        self._rtx_at = None if self._snd_una == self._snd_max else now + self._rto
+        self._rtx_at = None if self._snd_una == self._snd_max else now + self._rtt.rto
 
     def _on_dup_ack(self, now: float) -> None:
         """RFC 5681 §3.2 with RFC 6582 §3.2 step 2 (no new recovery before ``recover``)."""
@@ -1141,17 +898,18 @@ class TcpConnection:
         self._dupacks += 1
         mss = self._eff_mss
         if self._in_recovery:
-            self._cwnd = min(self._cwnd + mss, _CWND_CAP)  # inflate per extra dup ACK
+            cc = self._cc
+            cc.cwnd = min(cc.cwnd + mss, CWND_CAP)  # inflate per extra dup ACK
             return
         if self._dupacks == self.config.dupack_threshold and seq_geq(self._snd_una, self._recover):
             self._fast_retransmits += 1
-            self._ssthresh = max(self._flight() // 2, 2 * mss)
+            self._cc.on_congestion(self._flight(), mss)
             self._recover = self._snd_max
             self._in_recovery = True
             self._first_partial = True
             self._rtt_seq = None  # Karn
             self._retransmit_head(now)
-            self._cwnd = self._ssthresh + self.config.dupack_threshold * mss
+            self._cc.cwnd = self._cc.ssthresh + self.config.dupack_threshold * mss
 
     def _on_text(self, seg: Segment, now: float) -> None:
         """Segment text and FIN (RFC 9293 §3.10.7.4 seventh and eighth)."""
@@ -1182,10 +940,7 @@ class TcpConnection:
         if seq != self._rcv_nxt:
             # Out of order: keep it for later, and send a duplicate ACK at once (RFC 5681 §4.2)
             # so the sender can count three of them.
-            if payload and len(payload) > len(self._ooo.get(seq, b"")):
-                self._ooo[seq] = payload
-            if fin:
-                self._ooo_fin = seq_add(seq, len(payload))
+            self._reassembly.add(seq, payload, fin)
             self._send_ack()
             return
         filled_gap = bool(self._ooo)
@@ -1193,8 +948,9 @@ class TcpConnection:
         if payload:
             self._deliver(payload)
         if not fin and self._ooo:
-            self._drain_ooo()
-            fin = self._ooo_fin is not None and self._ooo_fin == self._rcv_nxt
+            for piece in self._reassembly.take(self._rcv_nxt):
+                self._deliver(piece)
+            fin = self._reassembly.fin_at(self._rcv_nxt)
         if self._bytes_received != before:
             self._events.append(DataReceived(available=len(self._rcvbuf)))
         if fin:
@@ -1214,23 +970,8 @@ class TcpConnection:
         self._rcv_nxt = (self._rcv_nxt + len(payload)) & _MASK
         self._bytes_received += len(payload)
 
-    def _drain_ooo(self) -> None:
-        progressed = True
-        while progressed and self._ooo:
-            progressed = False
-            for start in list(self._ooo):
-                data = self._ooo[start]
-                end = seq_add(start, len(data))
-                if seq_leq(end, self._rcv_nxt):
-                    del self._ooo[start]
-                elif seq_leq(start, self._rcv_nxt):
-                    del self._ooo[start]
-                    self._deliver(data[seq_diff(self._rcv_nxt, start) :])
-                    progressed = True
-
     def _on_fin(self, now: float) -> None:
-        self._ooo.clear()
-        self._ooo_fin = None
+        self._reassembly.clear()
         self._rcv_nxt = seq_add(self._rcv_nxt, 1)
         self._ack_pending = True
         self._events.append(EndOfStream())
@@ -1251,6 +992,14 @@ class TcpConnection:
         self._move(Trigger.RESET)
         self._finish(event)
 
+    def _reset_peer(self) -> None:
+        """Tell the peer this end is going away (RFC 9293 §3.10.5), in the states where it
+        knows the connection.  The RST carries SND.MAX: the peer's RCV.NXT is at most that,
+        so the RST is either exact or in its window (then its challenge ACK, answered by
+        reset_for once this end is CLOSED, carries the exact number, RFC 5961 §3.2)."""
+        if self._state in _PEER_KNOWS:
+            self._emit(self._snd_max, _RST)
+
     def _move_closed(self) -> None:
         if self._state is not TcpState.CLOSED:
             self._move(Trigger.ABORT)
@@ -1260,26 +1009,11 @@ class TcpConnection:
         self._events.append(event)
         self._rtx_at = self._persist_at = self._delack_at = None
         self._keepalive_at = self._timewait_at = None
-        self._sndbuf.clear()
-        self._ooo.clear()
-        self._ooo_fin = None
+        self._send.clear()
+        self._reassembly.clear()
         self._ack_pending = False
         if not isinstance(event, Closed):
             self._rcvbuf.clear()
-
-    # ------------------------------------------------------------------ RTT (RFC 6298 §2)
-
-    def _rtt_sample(self, r: float) -> None:
-        cfg = self.config
-        r = max(r, 0.0)
-        if self._srtt is None or self._rttvar is None:
-            self._srtt = r
-            self._rttvar = r / 2
-        else:
-            self._rttvar = 0.75 * self._rttvar + 0.25 * abs(self._srtt - r)
-            self._srtt = 0.875 * self._srtt + 0.125 * r
-        rto = self._srtt + max(cfg.clock_granularity, 4 * self._rttvar)
-        self._rto = min(max(rto, cfg.rto_min), cfg.rto_max)
 
     # ------------------------------------------------------------------ output engine
 
@@ -1338,10 +1072,10 @@ class TcpConnection:
 
     def _usable(self) -> int:
         outstanding = ((self._snd_nxt - self._snd_una + _HALF) & _MASK) - _HALF
-        return min(self._snd_wnd, self._cwnd) - outstanding
+        return min(self._snd_wnd, self._cc.cwnd) - outstanding
 
     def _fin_seq(self) -> int:
-        return (self._sndbuf_seq + len(self._sndbuf)) & _MASK
+        return (self._send.seq + len(self._sndbuf)) & _MASK
 
     def _output(self, now: float) -> None:
         """Send what the state, the windows, Nagle and SWS avoidance allow, then any ACK owed."""
@@ -1353,7 +1087,7 @@ class TcpConnection:
                 self._send_syn(now)
             return
         if state is not TcpState.TIME_WAIT:
-            if self._fin_queued or self._snd_nxt != (self._sndbuf_seq + len(self._sndbuf)) & _MASK:
+            if self._fin_queued or self._snd_nxt != (self._send.seq + len(self._sndbuf)) & _MASK:
                 self._send_data(now)
             else:
                 self._force_send = False  # nothing to send: what _send_data would conclude
@@ -1374,17 +1108,18 @@ class TcpConnection:
         elif self._rtt_seq is None:
             self._rtt_seq, self._rtt_time = self._iss, now
         if self._rtx_at is None:
-            self._rtx_at = now + self._rto
+            self._rtx_at = now + self._rtt.rto
 
     def _send_data(self, now: float) -> None:
         cfg = self.config
         mss = self._eff_mss
-        fin_seq = (self._sndbuf_seq + len(self._sndbuf)) & _MASK  # _fin_seq()
+        fin_seq = (self._send.seq + len(self._sndbuf)) & _MASK  # _fin_seq()
         while True:
             unsent = ((fin_seq - self._snd_nxt + _HALF) & _MASK) - _HALF
             if unsent > 0:
                 # _usable(), written out: min(SND.WND, cwnd) less what is outstanding.
-                usable = self._snd_wnd if self._snd_wnd < self._cwnd else self._cwnd
+                cwnd = self._cc.cwnd
+                usable = self._snd_wnd if self._snd_wnd < cwnd else cwnd
                 usable -= ((self._snd_nxt - self._snd_una + _HALF) & _MASK) - _HALF
                 size = mss if mss < unsent else unsent
                 if usable < size:
@@ -1424,7 +1159,7 @@ class TcpConnection:
 
     def _send_range(self, seq: int, size: int, fin: bool, now: float) -> None:
         """Emit data ``seq .. seq + size`` (and a FIN): a first transmission or a resend."""
-        start = ((seq - self._sndbuf_seq + _HALF) & _MASK) - _HALF
+        start = ((seq - self._send.seq + _HALF) & _MASK) - _HALF
         payload = self._sndbuf[start : start + size]  # one copy; the header is added to it
         flags = _ACK
         if payload and start + size == len(self._sndbuf):
@@ -1440,7 +1175,7 @@ class TcpConnection:
                 self._rtt_seq, self._rtt_time = seq, now
         self._emit(seq, flags, payload)
         if self._rtx_at is None:
-            self._rtx_at = now + self._rto
+            self._rtx_at = now + self._rtt.rto
 
     def _retransmit_head(self, now: float) -> None:
         """Resend the first unacknowledged segment whatever the windows (RFC 5681 §3.2 step 2,
@@ -1452,9 +1187,12 @@ class TcpConnection:
         if self._snd_una == self._snd_max:
             return
         una = self._snd_una
-        remaining = seq_diff(self._fin_seq(), una)
-        size = min(self._eff_mss, max(remaining, 0))
-        fin = self._fin_queued and size == remaining
+        remaining = max(seq_diff(self._fin_seq(), una), 0)
+        # Resend only what was sent: bytes past SND.MAX would be acknowledged beyond what the
+        # ACK check allows (SEG.ACK <= SND.MAX), so the peer's ACK of them would be dropped.
+        outstanding = seq_diff(self._snd_max, una)
+        size = min(self._eff_mss, remaining, outstanding)
+        fin = self._fin_queued and size == remaining and outstanding > remaining
         self._send_range(una, size, fin, now)
         if not self._in_recovery:
             # After a timeout: go back, the rest follows as the reset cwnd allows (go-back-N).
@@ -1467,7 +1205,7 @@ class TcpConnection:
         if (
             self._rtx_at is None
             and self._snd_una == self._snd_max
-            and ((self._sndbuf_seq + len(self._sndbuf) - self._snd_nxt + _HALF) & _MASK) - _HALF > 0
+            and ((self._send.seq + len(self._sndbuf) - self._snd_nxt + _HALF) & _MASK) - _HALF > 0
         ):
             if self._persist_at is None:
                 self._persist_at = now + self._persist_interval()
@@ -1479,8 +1217,19 @@ class TcpConnection:
     def _send_ack(self) -> None:
         self._emit(self._snd_nxt, _ACK)
 
-    def _challenge_ack(self) -> None:
-        self._drop(DropReason.CHALLENGED)
+    def _challenge_ack(self, now: float, reason: DropReason = DropReason.CHALLENGED) -> None:
+        """Drop the segment for ``reason`` and answer it with an ACK, at most
+        ``challenge_ack_limit`` per ``challenge_ack_interval`` (RFC 5961 §7): a blind attacker
+        must not turn its guesses into a flood of ACKs."""
+        self._drop(reason)
+        cfg = self.config
+        if now - self._challenge_window_start >= cfg.challenge_ack_interval:
+            self._challenge_window_start = now
+            self._challenges_in_window = 0
+        if self._challenges_in_window >= cfg.challenge_ack_limit:
+            self._challenges_suppressed += 1
+            return
+        self._challenges_in_window += 1
         self._challenge_acks += 1
         self._send_ack()
 
