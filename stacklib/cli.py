@@ -187,6 +187,8 @@ def cmd_faults(args: argparse.Namespace) -> int:
         messages=args.messages,
         rate=args.rate,
         fuzz=args.fuzz,
+        tcp_bytes=args.tcp_bytes,
+        flood=args.flood,
         seed=args.seed,
         campaigns=tuple(args.only or CAMPAIGNS),
     )
@@ -318,16 +320,22 @@ def _add_bench(commands: argparse._SubParsersAction[Any]) -> None:
     _wall_clock_options(b, repeat=5)
     b = benches.add_parser(
         "faults",
-        help="the standing reliability run: UAM through faults, every format fuzzed",
-        description="Move UAM requests through a faulty simulated fabric (loss, corruption, "
-        "duplication, reordering) and fuzz every registered wire format; exit 1 if anything is "
-        "lost, delivered corrupt, or crashes (docs/reliability.md).",
+        help="the standing reliability run: UAM and TCP through faults, formats fuzzed, the "
+        "daemon flooded",
+        description="Move UAM requests and a TCP stream through a faulty simulated fabric "
+        "(loss, corruption, duplication, reordering), fuzz every registered wire format and "
+        "flood the OS-service daemon; exit 1 if anything is lost, delivered corrupt, or "
+        "crashes (docs/reliability.md).",
     )
     b.add_argument("--messages", type=int, default=100_000, help="UAM requests (100000)")
     b.add_argument("--rate", type=float, default=0.05, help="rate of each fault (0.05)")
     b.add_argument("--fuzz", type=int, default=20_000, help="inputs per format (20000)")
     b.add_argument("--seed", type=int, default=1, help="seed of faults and inputs")
-    b.add_argument("--only", nargs="+", choices=["uam", "formats"], help="these campaigns only")
+    b.add_argument("--tcp-bytes", type=int, default=10 << 20, help="bytes over TCP (10 MiB)")
+    b.add_argument("--flood", type=int, default=20_000, help="malformed daemon requests")
+    b.add_argument(
+        "--only", nargs="+", choices=["uam", "tcp", "formats", "daemon"], help="these only"
+    )
     b.add_argument("--json", action="store_true", help="print JSON")
     b.set_defaults(func=cmd_faults)
     for name, summary in (

@@ -8,7 +8,9 @@ from stacklib.bench.faults import (
     FaultsParams,
     ReliabilityError,
     bench_faults,
+    daemon_campaign,
     fuzz_formats,
+    tcp_campaign,
     uam_campaign,
 )
 from stacklib.errors import FormatError
@@ -50,5 +52,18 @@ def test_a_parser_that_crashes_is_named() -> None:
 
 
 def test_unknown_campaign_is_refused() -> None:
-    with pytest.raises(ValueError, match="no campaign 'tcp'"):
-        bench_faults(FaultsParams(campaigns=("tcp",)))
+    with pytest.raises(ValueError, match="no campaign .carrier-pigeon."):
+        bench_faults(FaultsParams(campaigns=("carrier-pigeon",)))
+
+
+def test_tcp_through_faults_of_every_kind_arrives_intact() -> None:
+    row = tcp_campaign(256 << 10, 0.05, seed=2)
+    assert row["delivered"] == 256 << 10 and row["lost"] == 0 and row["corrupt"] == 0
+    assert row["retransmitted"] > 0
+
+
+def test_the_daemon_lives_through_a_flood_and_its_channel_loses_nothing() -> None:
+    row = daemon_campaign(2000, seed=3)
+    assert row["corrupt"] == 0, "the daemon died"
+    assert row["lost"] == 0 and row["delivered"] == 40
+    assert row["daemon_counters"]["malformed"] > 0
