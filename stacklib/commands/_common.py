@@ -79,14 +79,10 @@ def _array_item(items: list[Any], part: str, where: str, text: str) -> dict[str,
 def load_recipe(recipe: str, assignments: Sequence[str]) -> Any:
     """The recipe named ``recipe`` with each ``KEY=VALUE`` of ``assignments`` applied before
     validation (a bad one raises :class:`~stacklib.errors.ConfigError`)."""
-    from stacklib.recipes import find_recipe, parse_recipe
+    from stacklib.recipes import find_recipe, parse_recipe, read_recipe_file
 
     path = find_recipe(recipe)
-    try:
-        with path.open("rb") as handle:
-            data = tomllib.load(handle)
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(str(path), "", f"not valid TOML: {error}") from None
+    data = read_recipe_file(path)
     _apply_overrides(data, assignments)
     return parse_recipe(data, str(path), path)
 
