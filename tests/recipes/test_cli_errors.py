@@ -115,6 +115,22 @@ def test_a_huge_count_is_refused(capsys: pytest.CaptureFixture[str], key: str) -
     assert f"workload: {key}" in line and f"{MAX_COUNT:,}" in line
 
 
+@pytest.mark.parametrize(
+    ("recipe", "key"),
+    [("udp-fe", "iterations"), ("pca200-mm", "iterations"), ("tcp-fe", "rtt_iterations")],
+)
+def test_every_workload_bounds_its_counts(
+    capsys: pytest.CaptureFixture[str], recipe: str, key: str
+) -> None:
+    line = fails(capsys, "run", recipe, "--set", f"workload.{key}={10**12}")
+    assert f"workload: {key}" in line and f"{MAX_COUNT:,}" in line
+
+
+def test_a_udp_size_above_the_path_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    line = fails(capsys, "run", "udp-fe", "--set", "workload.sizes=[1470]")
+    assert "1470" in line and "1469" in line
+
+
 def test_bench_iterations_are_bounded(capsys: pytest.CaptureFixture[str]) -> None:
     line = fails(capsys, "bench", "pingpong", "fe-hub", "--iterations", str(MAX_COUNT + 1))
     assert "iterations" in line and f"{MAX_COUNT:,}" in line
