@@ -178,3 +178,14 @@ def test_as_a_subprocess_no_traceback(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     assert done.stderr.count("\n") == 1 and str(missing) in done.stderr
+
+
+@pytest.mark.parametrize("text", ["inf", "nan", "0", "-1", "soon"])
+def test_seconds_on_the_command_line_are_finite_and_positive(text: str) -> None:
+    import argparse
+
+    from stacklib.commands._common import seconds_type
+
+    assert seconds_type("2.5") == 2.5
+    with pytest.raises(argparse.ArgumentTypeError, match=repr(text)):
+        seconds_type(text)
