@@ -9,7 +9,8 @@
     stacklib daemon                    the OS service daemon for shared-memory endpoints
 
 Exit status: 0 on success, 1 when a reproduced figure is outside its tolerance, 2 for a usage or
-recipe error (the message names the file, the key and the reason).
+recipe error (the message names the file, the key and the reason) or a file that cannot be read
+or written, 130 when interrupted (Ctrl-C).  Errors are one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 from stacklib import __version__
 from stacklib.commands._common import add_set_option, load_recipe
-from stacklib.errors import ConfigError, FormatError, StacklibError
+from stacklib.errors import ConfigError, StacklibError
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -546,23 +547,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         status: int = args.func(args)
-    except ConfigError as error:
-        print(f"stacklib: {error}", file=sys.stderr)
-        return 2
-    except (FormatError, StacklibError, KeyError) as error:
-        message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        print(f"stacklib: {message}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        # Ctrl-C stops a long run cleanly: one line, the shell's status for SIGINT.
+        print("stacklib: interrupted", file=sys.stderr)
+        return 130
     except BaseExceptionGroup as group:
-        # A stacklib error raised inside a workload's nursery arrives wrapped in a group.
-        errors = group.subgroup(lambda e: isinstance(e, StacklibError))
-        if errors is None:
+        # An error raised inside a workload's nursery arrives wrapped in a group.
+        if group.subgroup(KeyboardInterrupt) is not None:
+            print("stacklib: interrupted", file=sys.stderr)
+            return 130
+        error = _first(group, (StacklibError, KeyError, OSError))
+        if error is None:
             raise
-        while isinstance(errors, BaseExceptionGroup):
-            errors = errors.exceptions[0]
-        print(f"stacklib: {errors}", file=sys.stderr)
+        print(f"stacklib: {_one_line(error)}", file=sys.stderr)
+        return 2
+    except (StacklibError, KeyError, OSError) as error:
+        print(f"stacklib: {_one_line(error)}", file=sys.stderr)
         return 2
     return status
+
+
+def _first(
+    group: BaseExceptionGroup[BaseException], kinds: tuple[type[BaseException], ...]
+) -> BaseException | None:
+    """The first exception of ``kinds`` in ``group``, however deeply nested."""
+    found: BaseException | None = group.subgroup(lambda e: isinstance(e, kinds))
+    while isinstance(found, BaseExceptionGroup):
+        found = found.exceptions[0]
+    return found
+
+
+def _one_line(error: BaseException) -> str:
+    """The message for an error the command line reports instead of a traceback: a
+    ConfigError names its file, key and reason; a file error its file and the reason."""
+    if isinstance(error, OSError):
+        # A file that is missing or unwritable, a capture or plot path, a transport's socket.
+        name = error.filename if error.filename is not None else ""
+        reason = error.strerror or str(error)
+        return f"{name}: {reason}" if name else reason
+    if isinstance(error, KeyError) and not isinstance(error, StacklibError) and error.args:
+        return str(error.args[0])  # an unknown name; str(KeyError) would quote it
+    return str(error)
 
 
 if __name__ == "__main__":

@@ -2,12 +2,14 @@
 
 Recipes name transports, layers, workloads and cost profiles with their parameters; every one of
 those is an attrs class, and :func:`structure` builds it from a mapping, refusing anything
-unexpected: an unknown key, a value of the wrong type, or one the class's validators reject is a
+unexpected: an unknown key, a value of the wrong type, a non-finite float (TOML's ``inf`` and
+``nan``), or one the class's validators reject is a
 :class:`~stacklib.errors.ConfigError` naming the file, the key path and the reason.
 """
 
 from __future__ import annotations
 
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -81,6 +83,10 @@ def _convert(tp: Any, value: object, where: str, key: str) -> object:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(where, key, f"expected a number, got {_describe(value)}")
+        if not math.isfinite(value):
+            # TOML spells inf and nan; no recipe parameter means either (a latency, a rate or
+            # a timeout of inf would run forever or divide into nonsense).
+            raise ConfigError(where, key, f"expected a finite number, got {value!r}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):

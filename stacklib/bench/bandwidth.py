@@ -28,9 +28,12 @@ measures virtual time under a :class:`~stacklib.sim.Simulation` and real time ot
 
 Loss.  Raw U-Net drops a message when the receiver's buffers run out, and nothing here paces the
 sender: a receiver counts what arrives and stops waiting after ``timeout`` seconds without an
-arrival, and the rows report what was lost.  Control messages (start, probe, end-of-run
-request) are retried ``retries`` times; a ping-pong round trip that times out ends that size's
-ping-pong run (its late reply, if any, is recognised as stale and dropped).
+arrival, and the rows report what was lost.  That wait is never part of a figure: the
+follower's reply says how long it held the count after its last arrival (``h`` above),
+measured when each reply is sent, so a lost reply and its resend do not count either.
+Control messages (start, probe, end-of-run request) are retried ``retries`` times; a ping-pong
+round trip that times out ends that size's ping-pong run (its late reply, if any, is recognised
+as stale and dropped).
 
 The harness (:class:`Leader` on node 0, :class:`Follower` on node 1) is shared with
 :mod:`stacklib.bench.logp`.  Its control messages are ``CONTROL_SIZE`` (24) bytes starting with
@@ -52,7 +55,8 @@ from typing import TYPE_CHECKING, Literal
 import attrs
 import trio
 
-from stacklib.bench.params import sizes_valid
+from stacklib.bench.params import check_sizes as _check_sizes
+from stacklib.bench.params import count_valid, sizes_valid
 from stacklib.bench.result import Cell, Column, Result
 from stacklib.bench.workload import WorkloadKind, register_workload
 from stacklib.errors import PeerUnreachable
@@ -116,9 +120,9 @@ class BandwidthParams:
         validator=sizes_valid,
     )
     #: Messages per size and direction (round trips in ping-pong mode).
-    messages: int = attrs.field(default=1000, validator=attrs.validators.ge(1))
+    messages: int = attrs.field(default=1000, validator=count_valid(1))
     #: Untimed messages of the same mode and size before each measurement.
-    warmup: int = attrs.field(default=20, validator=attrs.validators.ge(0))
+    warmup: int = attrs.field(default=20, validator=count_valid(0))
     modes: tuple[Mode, ...] = attrs.field(
         default=MODES, converter=_mode_tuple, validator=_modes_valid
     )
@@ -263,7 +267,6 @@ class Follower:
         self._done = False
         self._count = 0
         self._last = 0.0
-        self._hold = 0.0
         self._sender = trio.CancelScope()
         self._sender_started = False
         self._window = _Window(0)
@@ -278,7 +281,7 @@ class Follower:
                     received = await self.service.recv()
                 if received is None:
                     # Nothing for ``timeout`` seconds: the rest was lost; report what came.
-                    await self._finish(self._last)
+                    await self._finish()
                     continue
                 peer, data = received
                 if self._counting and _is_data(data, self._phase, self._size):
@@ -286,7 +289,7 @@ class Follower:
                     self._last = now()
                     self._window.arrived()
                     if self._count >= self._n:
-                        await self._finish(self._last)
+                        await self._finish()
                     continue
                 if self._op is _Op.BEGIN_ECHO and _is_data(data, self._phase, self._size):
                     await self.service.send(peer, data)
@@ -334,9 +337,13 @@ class Follower:
             await self._window.send_all(self.service, self._peer, message, self._n)
 
     def _count_reply(self) -> _Control:
-        return _Control(_Op.COUNT, self._phase, self._count, self._window.sent, hold=self._hold)
+        # The hold runs to this reply's sending, not the first one's: when the first COUNT is
+        # lost the leader times the one answering its END, and a hold fixed at the first
+        # would leave that wait (``timeout``) inside the measured transfer.
+        hold = trio.current_time() - self._last
+        return _Control(_Op.COUNT, self._phase, self._count, self._window.sent, hold=hold)
 
-    async def _finish(self, last: float) -> None:
+    async def _finish(self) -> None:
         self._counting = False
         self._window.close()
         if self._sender_started:
@@ -344,7 +351,6 @@ class Follower:
             # the hold covers the wait.
             await self._window.finished.wait()
         self._done = True
-        self._hold = trio.current_time() - last
         await self._reply(self._count_reply())
 
     async def _reply(self, control: _Control) -> None:
@@ -574,13 +580,9 @@ class Leader:
 
 
 def check_sizes(service: DatagramService, sizes: Iterable[int]) -> None:
-    """Refuse sizes the stack cannot carry (and stacks too small for control messages)."""
-    limit = service.max_message
-    for size in (*sizes, CONTROL_SIZE):
-        if size > limit:
-            raise ValueError(
-                f"message size {size} exceeds the stack's maximum message ({limit} bytes)"
-            )
+    """Refuse sizes the stack cannot carry (and stacks too small for control messages) with a
+    :class:`~stacklib.errors.ConfigError` naming the size and the limit."""
+    _check_sizes(sizes, service.max_message, control=CONTROL_SIZE)
 
 
 @asynccontextmanager
@@ -683,12 +685,15 @@ async def bandwidth(
             "messages_per_size": params.messages,
             "one_way_small_us": one_way * 1e6,
             "messages_lost": lost,
+            # Reported apart from the figures: waiting out a loss is never timed.
+            "timeout_s": params.timeout,
             "wall_seconds": wall,
         },
         notes=(
             "unidirectional: received bytes / (first send .. final reply - one small-message "
             "one-way time - reply hold), paper 004 Fig 9(b) and paper 000 §7.6; 'at sender' "
-            "times the sends alone",
+            "times the sends alone; a receiver's wait for lost messages (the timeout) is "
+            "excluded, the losses are counted under 'lost'",
             "pingpong: 2 x size / RTT, paper 004 Fig 9(a); sent/received count round trips",
             f"simultaneous: both directions' bytes over the time until both receivers finished, "
             f"each node at most {params.window or 'any number of'} message(s) ahead, "

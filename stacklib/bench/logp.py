@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from stacklib.bench.bandwidth import CONTROL_SIZE, Leader, check_sizes, open_harness
-from stacklib.bench.params import sizes_valid
+from stacklib.bench.params import count_valid, sizes_valid
 from stacklib.bench.result import Cell, Column, Result
 from stacklib.bench.workload import WorkloadKind, register_workload
 from stacklib.services import DatagramService
@@ -96,11 +96,11 @@ class LogPParams:
         default=(4, 16, 64, 256, 1024, 4096), converter=_int_tuple, validator=sizes_valid
     )
     #: Ping-pong round trips for RTT/2.
-    iterations: int = attrs.field(default=200, validator=attrs.validators.ge(1))
+    iterations: int = attrs.field(default=200, validator=count_valid(1))
     #: Messages per stream (g and each point of a delay sweep); at least 4.
-    messages: int = attrs.field(default=200, validator=attrs.validators.ge(4))
+    messages: int = attrs.field(default=200, validator=count_valid(4))
     #: Untimed ping-pong round trips before RTT/2.
-    warmup: int = attrs.field(default=10, validator=attrs.validators.ge(0))
+    warmup: int = attrs.field(default=10, validator=count_valid(0))
     #: Delays D of a sweep, as multiples of the interval measured with D = 0.  Any D above that
     #: interval exceeds Idle, so factors > 1 always reach the slope-1 part.
     delay_factors: tuple[float, ...] = attrs.field(

@@ -37,6 +37,7 @@ import attrs
 import trio
 
 from stacklib.bench import Session, WorkloadKind, register_workload
+from stacklib.bench.params import count_valid
 from stacklib.bench.result import Cell, Column, Result
 from stacklib.errors import ConfigError
 from stacklib.services import UNetService
@@ -74,9 +75,9 @@ class MmPingPongParams:
         default=64, validator=[attrs.validators.ge(64), attrs.validators.le(PAGE_SIZE)]
     )
     #: Timed round trips per mode.
-    iterations: int = attrs.field(default=8, validator=attrs.validators.ge(1))
+    iterations: int = attrs.field(default=8, validator=count_valid(1))
     #: Untimed round trips first (they fill a small TLB, so timed misses also unpin).
-    warmup: int = attrs.field(default=24, validator=attrs.validators.ge(0))
+    warmup: int = attrs.field(default=24, validator=count_valid(0))
 
 
 async def mm_round_trip(

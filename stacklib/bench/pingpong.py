@@ -15,7 +15,7 @@ import attrs
 import trio
 import trio.lowlevel
 
-from stacklib.bench.params import sizes_valid
+from stacklib.bench.params import check_sizes, count_valid, sizes_valid
 from stacklib.bench.result import Column, Result
 from stacklib.bench.workload import Session, WorkloadKind, register_workload
 from stacklib.services import DatagramService, UNetService
@@ -28,8 +28,8 @@ class PingPongParams:
     sizes: tuple[int, ...] = attrs.field(
         default=(0, 16, 40, 100, 500, 1000, 1500), converter=tuple, validator=sizes_valid
     )
-    iterations: int = attrs.field(default=1000, validator=attrs.validators.ge(1))
-    warmup: int = attrs.field(default=10, validator=attrs.validators.ge(0))
+    iterations: int = attrs.field(default=1000, validator=count_valid(1))
+    warmup: int = attrs.field(default=10, validator=count_valid(0))
 
 
 async def echo(service: DatagramService) -> None:
@@ -50,17 +50,16 @@ async def echo(service: DatagramService) -> None:
 async def pingpong(
     client: DatagramService, server: DatagramService, peer: int, params: PingPongParams
 ) -> Result:
-    """Measure round trips from ``client`` to ``server`` (reached as ``peer``) and back."""
+    """Measure round trips from ``client`` to ``server`` (reached as ``peer``) and back.
+
+    A size above ``client.max_message`` raises :class:`~stacklib.errors.ConfigError` before
+    anything is sent."""
+    check_sizes(params.sizes, client.max_message)
     rows = []
     wall_start = time.perf_counter()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(echo, server)
         for size in params.sizes:
-            if size > client.max_message:
-                raise ValueError(
-                    f"ping-pong size {size} exceeds the stack's maximum message "
-                    f"({client.max_message} bytes)"
-                )
             message = bytes(i & 0xFF for i in range(size))
             for _ in range(params.warmup):
                 await client.send(peer, message)

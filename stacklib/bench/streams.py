@@ -27,7 +27,7 @@ import attrs
 import trio
 
 from stacklib.bench import Session, WorkloadKind, register_workload
-from stacklib.bench.params import sizes_valid
+from stacklib.bench.params import check_sizes, count_valid, sizes_valid
 from stacklib.bench.result import Column, Result
 from stacklib.layers.ip.service import IpService, UdpService
 from stacklib.layers.ip.wire import IPV4_HEADER_SIZE
@@ -63,8 +63,8 @@ class UdpPingPongParams:
     sizes: tuple[int, ...] = attrs.field(
         default=(0, 16, 40, 100, 500, 1000), converter=_sizes, validator=sizes_valid
     )
-    iterations: int = attrs.field(default=1000, validator=attrs.validators.ge(1))
-    warmup: int = attrs.field(default=10, validator=attrs.validators.ge(0))
+    iterations: int = attrs.field(default=1000, validator=count_valid(1))
+    warmup: int = attrs.field(default=10, validator=count_valid(0))
     #: Node 1's echo port.
     port: int = attrs.field(
         default=7, validator=[attrs.validators.ge(1), attrs.validators.le(65535)]
@@ -80,9 +80,7 @@ async def run_udp_pingpong(session: Session, params: UdpPingPongParams) -> Resul
     client_ip, server_ip = _ip_of(client), _ip_of(server)
     target = (server_ip.address, params.port)
     limit = client_ip.mtu(server_ip.address) - IPV4_HEADER_SIZE - _UDP_HEADER
-    too_big = [size for size in params.sizes if size > limit]
-    if too_big:
-        raise ValueError(f"UDP ping-pong size {too_big[0]} exceeds the path's limit ({limit})")
+    check_sizes(params.sizes, limit)  # the largest datagram this path carries unfragmented
     rows = []
     lost_total = 0
     wall_start = time.perf_counter()
@@ -155,7 +153,7 @@ class TcpStreamParams:
     #: Bytes per ``send_all`` call.
     chunk: int = attrs.field(default=8192, validator=attrs.validators.ge(1))
     #: Timed request/response round trips after the transfer (0: none).
-    rtt_iterations: int = attrs.field(default=100, validator=attrs.validators.ge(0))
+    rtt_iterations: int = attrs.field(default=100, validator=count_valid(0))
     #: Bytes of each request and of each response.
     request: int = attrs.field(default=4, validator=attrs.validators.ge(1))
 

@@ -5,6 +5,7 @@ stacklib.reporting.optional)."""
 from __future__ import annotations
 
 import argparse
+import math
 import tomllib
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 from stacklib.errors import ConfigError
 from stacklib.reporting.optional import matplotlib_missing
 
-__all__ = ["add_set_option", "load_recipe", "matplotlib_missing", "sizes_type"]
+__all__ = ["add_set_option", "load_recipe", "matplotlib_missing", "seconds_type", "sizes_type"]
 
 
 def _parse_assignment(text: str) -> tuple[list[str], object]:
@@ -79,14 +80,10 @@ def _array_item(items: list[Any], part: str, where: str, text: str) -> dict[str,
 def load_recipe(recipe: str, assignments: Sequence[str]) -> Any:
     """The recipe named ``recipe`` with each ``KEY=VALUE`` of ``assignments`` applied before
     validation (a bad one raises :class:`~stacklib.errors.ConfigError`)."""
-    from stacklib.recipes import find_recipe, parse_recipe
+    from stacklib.recipes import find_recipe, parse_recipe, read_recipe_file
 
     path = find_recipe(recipe)
-    try:
-        with path.open("rb") as handle:
-            data = tomllib.load(handle)
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(str(path), "", f"not valid TOML: {error}") from None
+    data = read_recipe_file(path)
     _apply_overrides(data, assignments)
     return parse_recipe(data, str(path), path)
 
@@ -102,6 +99,18 @@ def add_set_option(parser: argparse.ArgumentParser) -> None:
         "value, e.g. --set workload.iterations=100; a layer by index or kind: "
         "--set layers.0.rto_us=500 or --set layers.arq.rto_us=500 (repeatable)",
     )
+
+
+def seconds_type(text: str) -> float:
+    """An argparse type for a duration in seconds: a finite number above 0 (``inf`` and
+    ``nan`` parse as floats but would wait forever or never)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, not {text!r}") from None
+    if not 0.0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected finite seconds above 0, not {text!r}")
+    return value
 
 
 def sizes_type(example: str) -> Callable[[str], tuple[int, ...]]:

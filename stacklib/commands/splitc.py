@@ -30,7 +30,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from stacklib.commands._common import sizes_type
+from stacklib.commands._common import seconds_type, sizes_type
 
 if TYPE_CHECKING:
     from stacklib.experiments.splitc import CellResult
@@ -461,7 +461,7 @@ def add_commands(commands: argparse._SubParsersAction[Any]) -> None:
     )
     run.add_argument(
         "--timeout",
-        type=float,
+        type=seconds_type,
         default=1800.0,
         help="--netns: seconds before the ranks are stopped (default 1800; 8 ranks of the "
         "paper-size sorts on 2 cores take minutes)",

@@ -231,13 +231,27 @@ def find_recipe(name_or_path: str | os.PathLike[str]) -> Path:
 def load_recipe(name_or_path: str | os.PathLike[str]) -> Recipe:
     """Load and validate a recipe."""
     path = find_recipe(name_or_path)
+    return parse_recipe(read_recipe_file(path), str(path), path)
+
+
+def read_recipe_file(path: Path) -> dict[str, Any]:
+    """The TOML table of the recipe file ``path``.  A file that cannot be read, is not UTF-8
+    (TOML's encoding) or is not valid TOML raises :class:`~stacklib.errors.ConfigError`
+    naming the file and the reason."""
     where = str(path)
     try:
         with path.open("rb") as handle:
-            data = tomllib.load(handle)
+            return tomllib.load(handle)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(where, "", f"not valid TOML: {error}") from None
-    return parse_recipe(data, where, path)
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            where,
+            "",
+            f"not UTF-8 text (byte {error.start}: {error.object[error.start : error.start + 1]!r})",
+        ) from None
+    except OSError as error:
+        raise ConfigError(where, "", f"cannot read: {error.strerror or error}") from None
 
 
 def parse_recipe(data: Mapping[str, object], where: str, path: Path | None = None) -> Recipe:
@@ -387,10 +401,9 @@ def list_recipes() -> list[tuple[str, str, Path]]:
             if path.stem in found:
                 continue
             try:
-                with path.open("rb") as handle:
-                    description = tomllib.load(handle).get("description", "")
-            except (OSError, tomllib.TOMLDecodeError) as error:
-                description = f"(unreadable: {error})"
+                description = read_recipe_file(path).get("description", "")
+            except ConfigError as error:
+                description = f"(unreadable: {error.reason})"
             found[path.stem] = (path.stem, str(description), path)
     return [found[name] for name in sorted(found)]
 

@@ -239,3 +239,39 @@ def test_stale_data_of_an_abandoned_run_is_ignored() -> None:
 
     rows = late.run(too_slow, late)
     assert [(row["sent"], row["received"], row["lost"]) for row in rows] == [(1, 0, 1), (1, 0, 1)]
+
+
+def lossy_rate(seed: int, timeout: float) -> tuple[float, int, Result]:
+    """Raw U-Net bandwidth of 40-byte messages on the lossy SBA-200 recipe."""
+    import attrs
+
+    from stacklib.recipes import load_recipe, run_recipe
+
+    recipe = load_recipe("unet-atm-lossy")
+    params = attrs.evolve(recipe.workload_params, sizes=(40,), timeout=timeout)
+    result = run_recipe(attrs.evolve(recipe, workload_params=params), seed=seed)
+    (row,) = result.rows
+    return number(row, "mb_s"), int(number(row, "lost")), result
+
+
+def test_loss_does_not_put_the_timeout_into_the_figure() -> None:
+    """Every seed measures the same link: 1% cell loss costs the lost messages, not a wait.
+    Seed 13 loses the follower's first count reply; its resend must not be timed either."""
+    rates = {}
+    for seed in range(1, 16):
+        rate, lost, result = lossy_rate(seed, 1.0)
+        assert 0 < lost < 50
+        assert result.facts["messages_lost"] == lost
+        rates[seed] = rate
+    median = sorted(rates.values())[7]
+    # Seeds differ only in which messages are lost: within 2% of one another.
+    assert all(abs(rate - median) <= 0.02 * median for rate in rates.values()), rates
+    assert 4.5 < median < 5.5  # one 40-byte message every 8 us or so
+
+
+def test_the_figure_does_not_depend_on_the_timeout() -> None:
+    for seed in (1, 13):
+        slow, _, _ = lossy_rate(seed, 1.0)
+        fast, _, result = lossy_rate(seed, 0.05)
+        assert fast == pytest.approx(slow, rel=1e-9)
+        assert result.facts["timeout_s"] == 0.05  # reported beside the figure

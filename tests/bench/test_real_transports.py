@@ -63,7 +63,9 @@ def test_logp_in_process_over_memory() -> None:
 def test_a_failing_rank_is_reported() -> None:
     # 70,000 bytes fit no shm endpoint of the bootstrap's default size: rank 0 refuses.
     params = make_params("pingpong", {"sizes": (70_000,), "iterations": 1})
-    with pytest.raises(RemoteBenchError, match="rank 0: ValueError: ping-pong size 70000"):
+    with pytest.raises(
+        RemoteBenchError, match="rank 0: ConfigError: workload: sizes: message size 70000"
+    ):
         bench_transport("pingpong", params, "shm", timeout=60)
 
 

@@ -9,14 +9,17 @@ message, stamped with the virtual time its last unit reached the receiving NI:
 * ATM fabrics as LINKTYPE_SUNATM: one record per AAL5 PDU with its VCI (the channel's), the
   AAL5 message after the pseudo-header.
 
-A message lost on the fabric never reaches a tap; a corrupted one is written as delivered and
-marked nowhere (the receiving NI drops it on its CRC/FCS check).
+Other links (Myrinet) have no capture format: asking for one raises
+:class:`~stacklib.errors.ConfigError`.  A message lost on the fabric never reaches a tap; a
+corrupted one is written as delivered and marked nowhere (the receiving NI drops it on its
+CRC/FCS check).
 """
 
 from __future__ import annotations
 
 import os
 
+from stacklib.errors import ConfigError
 from stacklib.transports.sim.fabric import Fabric, Packet
 from stacklib.transports.sim.links import AtmLink, EthernetLink
 from stacklib.wire import unet_eth
@@ -33,7 +36,14 @@ class FabricCapture:
         elif isinstance(tech, AtmLink):
             linktype = LinkType.SUNATM
         else:
-            raise ValueError(f"no capture format for {tech.name} links")
+            # Myrinet has no link type Wireshark knows (a route header and a type word):
+            # refuse before the run, not with a file nobody can read.
+            raise ConfigError(
+                "--pcap",
+                "",
+                f"{tech.name} links have no capture format (captures record Ethernet and ATM "
+                "links: the sim-fe and sim-atm transports)",
+            )
         self.fabric = fabric
         self.writer = PcapWriter.open(path, linktype)
         self._macs = {name: _mac(index) for index, name in enumerate(fabric.nis)}
