@@ -52,7 +52,7 @@ def test_a_parser_that_crashes_is_named() -> None:
 
 
 def test_unknown_campaign_is_refused() -> None:
-    with pytest.raises(ValueError, match="no campaign .carrier-pigeon."):
+    with pytest.raises(ValueError, match="no campaign 'carrier-pigeon'"):
         bench_faults(FaultsParams(campaigns=("carrier-pigeon",)))
 
 
