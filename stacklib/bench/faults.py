@@ -256,43 +256,25 @@ def daemon_campaign(requests: int, seed: int, nofile: int = 256) -> dict[str, An
     exchange messages through a channel it set up; the pair must lose nothing and the daemon
     must live."""
     import os
-    import resource
     import shutil
-    import signal
     import socket
-    import subprocess
-    import sys
     import tempfile
 
-    from stacklib.daemon import DaemonBroker, DaemonClient, DaemonError
+    from stacklib.daemon import DaemonBroker, DaemonClient
+    from stacklib.daemon.process import start_daemon, stop_daemon
     from stacklib.transports.shm import ShmAddress, ShmNetwork
 
     rng = random.Random(seed)
     workdir = tempfile.mkdtemp(prefix="sl-faults-")  # short: a socket path fits in 108 bytes
     path = os.path.join(workdir, "d.sock")
-
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
-
-    daemon = subprocess.Popen(
-        [sys.executable, "-m", "stacklib.daemon", "--socket", path],
-        stderr=subprocess.DEVNULL,
-        preexec_fn=limit,
-    )
+    daemon = start_daemon(path, nofile=nofile)
     exchanged = lost = connections = 0
     counters: dict[str, Any] = {}
     sockets: list[socket.socket] = []
     brokers: list[DaemonBroker] = []
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                DaemonClient(path, start=False).close()
-                break
-            except DaemonError:
-                if time.monotonic() > deadline or daemon.poll() is not None:
-                    raise ReliabilityError("daemon: it did not start") from None
-                time.sleep(0.02)
+        if daemon.poll() is not None:
+            raise ReliabilityError(f"daemon: it exited on start (status {daemon.returncode})")
         brokers = [DaemonBroker(path, start=False), DaemonBroker(path, start=False)]
         with (
             ShmNetwork(directory=workdir, broker=brokers[0]) as net_a,
@@ -342,13 +324,7 @@ def daemon_campaign(requests: int, seed: int, nofile: int = 256) -> dict[str, An
             conn.close()
         for broker in brokers:
             broker.close()
-        if daemon.poll() is None:
-            daemon.send_signal(signal.SIGTERM)
-            try:
-                daemon.wait(5)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
-                daemon.wait()
+        stop_daemon(daemon)
         shutil.rmtree(workdir, ignore_errors=True)
     return {
         "tried": requests,

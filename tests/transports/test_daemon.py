@@ -53,6 +53,7 @@ from stacklib.daemon import (
     decode,
     encode,
 )
+from stacklib.daemon.process import start_daemon, stop_daemon
 from stacklib.transports.shm import (
     PeerGone,
     RegionHeader,
@@ -204,41 +205,10 @@ def _wait_for(predicate: object, timeout: float = 10.0) -> None:
 
 
 def _start_daemon(path: str, *extra: str) -> subprocess.Popen[bytes]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "stacklib.daemon", "--socket", path, *extra],
-        stderr=subprocess.PIPE,
-    )
-
-    def ready() -> bool:
-        # Answering, not merely existing: a stale socket file may be there before it.
-        if process.poll() is not None:
-            return True
-        try:
-            DaemonClient(path, start=False).close()
-        except DaemonError:
-            return False
-        return True
-
-    try:
-        _wait_for(ready)
-    except BaseException:
-        process.kill()
-        process.wait()
-        raise
-    return process
+    return start_daemon(path, *extra, stderr=subprocess.PIPE)
 
 
-def _stop(process: subprocess.Popen[bytes]) -> int:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-    if process.stderr is not None:
-        process.stderr.close()
-    return process.returncode
+_stop = stop_daemon
 
 
 @pytest.fixture

@@ -6,13 +6,10 @@ from __future__ import annotations
 import contextlib
 import grp
 import os
-import resource
 import shutil
-import signal
 import socket
 import stat
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -34,6 +31,7 @@ from stacklib.daemon import (
     socket_permissions,
 )
 from stacklib.daemon.cli import main
+from stacklib.daemon.process import start_daemon, stop_daemon
 from stacklib.transports.shm import ShmAddress, ShmNetwork
 
 
@@ -46,42 +44,12 @@ def _wait_for(predicate: object, timeout: float = 10.0) -> None:
 
 
 def _start(path: str, *extra: str, nofile: int | None = None) -> subprocess.Popen[bytes]:
-    def limit() -> None:  # in the daemon's own process only
-        if nofile is not None:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
-
-    process = subprocess.Popen(
-        [sys.executable, "-m", "stacklib.daemon", "--socket", path, *extra],
-        stderr=subprocess.DEVNULL,
-        preexec_fn=limit,
-    )
-
-    def ready() -> bool:
-        assert process.poll() is None, "the daemon exited while starting"
-        try:
-            DaemonClient(path, start=False).close()
-        except DaemonError:
-            return False
-        return True
-
-    try:
-        _wait_for(ready)
-    except BaseException:
-        process.kill()
-        process.wait()
-        raise
+    process = start_daemon(path, *extra, nofile=nofile)
+    assert process.poll() is None, "the daemon exited while starting"
     return process
 
 
-def _stop(process: subprocess.Popen[bytes]) -> int:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-    return process.returncode
+_stop = stop_daemon
 
 
 @pytest.fixture
