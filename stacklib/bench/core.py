@@ -1,7 +1,7 @@
 """Raw U-Net ping-pong over the memory transport vs a bare trio memory-channel ping-pong.
 
 Both run in the same process and the same run, so the ratio is meaningful on a noisy machine
-(PERFORMANCE-NOTES.md: compare side by side).  Target (issue: foundation): the U-Net round trip
+(compared side by side, in one run).  Target: the U-Net round trip
 costs at most 2x the bare trio channel round trip.
 """
 

@@ -1,4 +1,4 @@
-"""Real transports between two processes, side by side in one run (issue 6; paper 000 §1, §4).
+"""Real transports between two processes, side by side in one run (paper 000 §1, §4).
 
 U-Net's claim is that taking the kernel off the data path makes communication an order of
 magnitude faster.  This benchmark measures it on today's machine, between two real processes:
@@ -13,7 +13,7 @@ magnitude faster.  This benchmark measures it on today's machine, between two re
 
 Targets: shm round trip at least 10x below kernel UDP and at most 10 us; UAM request/reply at
 most 20 us; at least 100,000 messages/s; at least 1 GB/s.  With 2 cores, two busy-polling
-processes use the whole machine (PERFORMANCE-NOTES.md "Between two processes"), so other load
+processes use the whole machine, so other load
 on the machine shows directly.
 """
 
@@ -450,7 +450,7 @@ def bench_real(
 
     Both processes are pinned to two different CPUs (the U-Net case: two applications, two
     processors); kernel UDP is also measured with both processes on one CPU, where a wake-up
-    is a cheap same-CPU switch (PERFORMANCE-NOTES.md), for completeness.  The UAM rows run
+    is a cheap same-CPU switch, for completeness.  The UAM rows run
     ``iterations // 10`` round trips, as the kernel rows do.
     """
     unknown = sorted(set(only or ()) - set(MEASUREMENTS))

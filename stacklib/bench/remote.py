@@ -1,4 +1,4 @@
-"""The measurement harness between two processes on a real transport (issue 6, paper 000 §4).
+"""The measurement harness between two processes on a real transport (paper 000 §4).
 
 ``stacklib bench pingpong|bandwidth|logp --transport shm|udp|ether|memory`` runs the same
 workload code as a recipe run (:func:`~stacklib.bench.pingpong.pingpong`,

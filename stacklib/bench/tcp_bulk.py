@@ -17,7 +17,7 @@ delayed by :data:`DELAYED_ACK`), which halves the receiver's segments.
 
 Figures: MB/s (10^6 bytes per second) and, for stacklib, data segments per second (the
 sender's ``segments_out`` over the transfer: ``size / mss``, the data cut into whole segments).
-Target (issue): at least 30,000 segments per second of 2048 bytes on one core.
+Target: at least 30,000 segments per second of 2048 bytes on one core.
 """
 
 from __future__ import annotations

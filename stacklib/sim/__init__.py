@@ -1,6 +1,6 @@
 """Virtual time, resources and cost profiles: the time-and-cost foundation of stacklib.
 
-One code path, two worlds (ARCHITECTURE.md "Time and cost"): :class:`RealWorld`, where modeled
+One code path, two worlds (docs/architecture.md "Time and cost"): :class:`RealWorld`, where modeled
 costs cost nothing because real time is spent for real, and :class:`Simulation`, where they hold
 named resources of a :class:`Host` in deterministic virtual time.  Run a simulation with
 ``sim.run(main)`` or ``trio.run(main, clock=sim.clock)``.

@@ -22,7 +22,7 @@ driver task that first waited for the loop to go idle it took three passes: 14.4
 wake-up, 15.2 us per ``use``.)  ``trio.sleep`` costs more than a wake-up because of trio's cancel
 scope and the Cancelled exception behind it, not the clock.  So a model should spend heap events
 freely below the application boundary and wake a trio task once per message it delivers
-(PERFORMANCE-NOTES.md "Virtual time").  The numbers in this docstring are the ones this function
+(docs/performance.md "Virtual time").  The numbers in this docstring are the ones this function
 printed; this is a measurement, not a test.
 """
 

@@ -2,8 +2,8 @@
 
 A simulation is ``trio.run(main, clock=sim.clock)``: the same clock is trio's notion of time
 (``trio.current_time()``, ``trio.sleep``, ``move_on_after``) and the simulator's ``now``, so trio
-timers and modeled costs live on one time line (docs: ARCHITECTURE.md "Time and cost",
-PERFORMANCE-NOTES.md "Virtual time").
+timers and modeled costs live on one time line (docs/architecture.md "Time and cost",
+docs/performance.md "Virtual time").
 
 Time only moves forward, and only when nothing can run at the current instant:
 

@@ -1,6 +1,6 @@
 """Cost profiles: what each modeled operation costs and which resource pays, with citations.
 
-Costs are data, not code (ARCHITECTURE.md "Time and cost"): a profile maps operation names to a
+Costs are data, not code (docs/architecture.md "Time and cost"): a profile maps operation names to a
 :class:`Cost` (a resource, a fixed part and a per-byte part in microseconds, as the papers give
 them, and where the number comes from).  Recipes load profiles with
 :meth:`CostProfile.from_mapping`, strictly, so a typo is an error and not a silently free

@@ -2,7 +2,7 @@
 
 A message of ``units`` units (ATM cells, DMA bursts, one Ethernet frame) passes a chain of
 stages: an NI processor, an I/O bus, a link, a switch port.  Charging one event per cell would be
-too slow for the papers' workloads (PERFORMANCE-NOTES.md "Virtual time"), so each stage is charged
+too slow for the papers' workloads (docs/performance.md "Virtual time"), so each stage is charged
 once per message with the classic pipeline recurrence: a stage starts when it is free and the
 first unit has arrived, spends ``head`` before the first unit, ``per_unit`` per unit, and cannot
 emit the last unit before it has received it:

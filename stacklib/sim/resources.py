@@ -134,7 +134,7 @@ class Host:
     """A machine: its named resources and the cost profile that prices its operations.
 
     ``host.charge("udp.checksum", nbytes)`` is the one interface through which stacklib charges
-    modeled costs (ARCHITECTURE.md "Time and cost"); the profile says which resource pays.
+    modeled costs (docs/architecture.md "Time and cost"); the profile says which resource pays.
     """
 
     def __init__(self, name: str, world: World, profile: CostProfile | None = None) -> None:

@@ -1,7 +1,7 @@
 """The two worlds stacklib code runs in: real time, or a deterministic simulation.
 
 All stacklib code takes time from trio and schedules work through a :class:`World`.  One code
-path serves both worlds (docs: ARCHITECTURE.md "Time and cost"):
+path serves both worlds (docs: docs/architecture.md "Time and cost"):
 
 * :class:`RealWorld`: real transports; time is ``trio.current_time()``; scheduled callbacks run
   at once, because a real system has already spent the modeled time for real.
@@ -9,7 +9,7 @@ path serves both worlds (docs: ARCHITECTURE.md "Time and cost"):
   below the application run as plain callbacks from a heap of timed events; trio tasks are woken
   only at the application boundary.  A heap event costs about 0.2 us, waking a parked task
   about 4 us and a ``trio.sleep`` in virtual time about 13 us (``_bench.py``;
-  PERFORMANCE-NOTES.md "Virtual time"), which is why modeled costs are heap events and not
+  docs/performance.md "Virtual time"), which is why modeled costs are heap events and not
   sleeps.
 
 How a simulation runs inside trio.  trio asks its clock how long to sleep

@@ -9,7 +9,7 @@ incoming ones only to the endpoint their tag maps to.
 In one Python process a :class:`Principal` stands for a process; the :class:`Endpoint` object is
 the capability and the service hands it only to its owner.  Every set-up request names the
 requesting principal and is checked against the endpoint's owner and the :class:`Policy`.
-Real transports (issue: shm) back the same interface with a daemon that identifies processes by
+Real transports (shm) back the same interface with a daemon that identifies processes by
 their credentials.
 """
 

@@ -111,7 +111,7 @@ TRAILER_CODEC = derive_codec(TRAILER, error=Aal5FormatError)
 # --- CRC-32/BZIP2 -------------------------------------------------------------------------------
 #
 # Two implementations.  crcmod's C extension is fastest below about 96 bytes.  Above that, the
-# bit-mirror identity wins by 3-4x (PERFORMANCE-NOTES.md, "Checksums"): CRC-32/BZIP2 is the
+# bit-mirror identity wins by 3-4x: CRC-32/BZIP2 is the
 # zlib CRC-32 with every input byte and the result bit-reversed, and bytes.translate plus
 # binascii.crc32 both run in C.
 

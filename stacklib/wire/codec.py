@@ -1,7 +1,7 @@
-"""A struct-speed codec derived from a construct definition (PERFORMANCE-NOTES.md, "Wire formats").
+"""A struct-speed codec derived from a construct definition (docs/performance.md, "Wire formats").
 
 Every stacklib wire format is defined once, as a construct ``Struct``: that definition is the
-specification (STYLE.md, habit 2).  construct is 20-100x slower than :mod:`struct`, too slow for
+specification.  construct is 20-100x slower than :mod:`struct`, too slow for
 a per-message hot path, so :func:`derive_codec` reads a construct ``Struct`` of fixed-size fields
 and builds an equivalent :class:`FixedCodec` on one precompiled :class:`struct.Struct`.  Each
 format's tests prove the two agree on random values.

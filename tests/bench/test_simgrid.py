@@ -1,4 +1,4 @@
-"""Export of LogP parameters to SimGrid, and a SimGrid replay of the ping-pong (issue part 5)."""
+"""Export of LogP parameters to SimGrid, and a SimGrid replay of the ping-pong."""
 
 from __future__ import annotations
 

@@ -475,7 +475,7 @@ def test_reliability_bench_counts() -> None:
 
 @pytest.mark.parametrize("transport", ["sim-myrinet", "memory"])
 def test_the_uam_recipe_runs_on_other_transports(transport: str) -> None:
-    # Every transport carries UAM (issue 4), including bulk messages past one 4160-byte buffer.
+    # Every transport carries UAM, including bulk messages past one 4160-byte buffer.
     data = {
         "run": {"clock": "virtual" if transport.startswith("sim") else "real", "seed": 1},
         "transport": {"kind": transport},

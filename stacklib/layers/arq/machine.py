@@ -12,7 +12,7 @@ go-back-N with a window of one, the scheme UAM uses for reliable Active Messages
   it (a retransmission whose ACK was lost) is ACKed again but not delivered, anything else is
   dropped.
 
-The API has the aioquic shape (STYLE.md, habit 5).  Inputs take ``now`` (seconds, from whatever
+The API has the aioquic shape.  Inputs take ``now`` (seconds, from whatever
 clock the driver uses): :meth:`~ArqMachine.send`, :meth:`~ArqMachine.receive`,
 :meth:`~ArqMachine.handle_timer`.  Outputs are pulled: :meth:`~ArqMachine.datagrams_to_send`,
 :meth:`~ArqMachine.next_event` (:class:`Delivered` or :class:`PeerFailed`) and

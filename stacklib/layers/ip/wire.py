@@ -37,7 +37,7 @@ destination, source, EtherType (>= 0x0600; smaller values are IEEE 802.3 lengths
 
 The Internet checksum (RFC 1071) is :func:`checksum`; :func:`ones_sum` is its un-complemented
 16-bit ones' complement sum, so a pseudo-header (:func:`pseudo_header_sum`) and a payload can be
-summed separately and combined.  The fast path (PERFORMANCE-NOTES.md, "Checksums") reads the
+summed separately and combined.  The fast path reads the
 data as one big integer: since 2**16 = 1 (mod 0xFFFF), the ones' complement sum of the 16-bit
 words is that integer modulo 0xFFFF, except that a non-zero sum is written 0xFFFF rather than 0.
 Above 2 KiB, folding the integer in halves at multiples of 16 bits first is faster than one big

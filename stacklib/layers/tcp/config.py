@@ -15,7 +15,7 @@ __all__ = ["ChecksumPolicy", "DropReason", "TcpConfig", "TcpStatistics"]
 
 
 class ChecksumPolicy(enum.Enum):
-    """Where the TCP checksum is handled in software (STYLE.md, habit 3)."""
+    """Where the TCP checksum is handled in software."""
 
     BOTH = "compute on send, verify on receive"
     TX = "compute on send only"

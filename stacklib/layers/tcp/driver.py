@@ -2,7 +2,7 @@
 
 The driver makes no protocol decisions; :class:`~stacklib.layers.tcp.machine.TcpConnection`
 does (docs/tcp-core.md).  One :class:`TcpStack` per IP instance runs three tasks while the
-layer is open (STYLE.md habit 8: a thin loop per stack, not per connection):
+layer is open (a thin loop per stack, not per connection):
 
 * the *demultiplexer* reads IP's protocol 6 endpoint and hands each segment to the connection
   keyed by (local port, remote address, remote port), else to a listener for SYNs, else answers
@@ -188,7 +188,7 @@ class TcpParams:
     msl: float = attrs.field(default=30.0, validator=_positive)
     #: Keepalive idle time in seconds; 0 is off (RFC 1122 §4.2.3.6).
     keepalive_idle: float = attrs.field(default=0.0, validator=_non_negative)
-    #: Checksum policy: "both", "tx", "rx" or "none" (STYLE.md habit 3).
+    #: Checksum policy: "both", "tx", "rx" or "none".
     checksum: Literal["both", "tx", "rx", "none"] = "both"
     #: Connections a listener holds (handshaking plus not yet accepted); further SYNs are
     #: dropped, so the peer retries, as Linux does with a full accept queue.

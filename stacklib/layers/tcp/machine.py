@@ -1,8 +1,8 @@
 """The TCP connection (RFC 9293) as a sans-IO machine: no trio, no sockets, no clock.
 
 One :class:`TcpConnection` is one connection; :class:`TcpListener` turns SYNs arriving at a
-listening port into connections in SYN-RECEIVED.  The API has the aioquic shape (STYLE.md,
-habit 5): inputs take ``now`` (seconds, from the driver's clock) -- :meth:`~TcpConnection.connect`,
+listening port into connections in SYN-RECEIVED.  The API has aioquic's shape: inputs take
+``now`` (seconds, from the driver's clock) -- :meth:`~TcpConnection.connect`,
 :meth:`~TcpConnection.receive_segment`, :meth:`~TcpConnection.handle_timer`,
 :meth:`~TcpConnection.shutdown_write`, :meth:`~TcpConnection.abort`; the application's byte
 calls :meth:`~TcpConnection.send` and :meth:`~TcpConnection.read` need no time; outputs are

@@ -14,7 +14,7 @@ The checksum covers a pseudo-header (source and destination address, zero, proto
 length), the header and the data.  A transmitted checksum of 0 means "none computed"; a
 computed 0 is sent as 0xFFFF.  Paper 000 §7.6: the checksum "can also be switched off by
 applications that use data protection at a higher level or are satisfied with the 32-bit CRC
-at the U-Net AAL5 level", so it is a :class:`ChecksumPolicy` (STYLE.md habit 3).
+at the U-Net AAL5 level", so it is a :class:`ChecksumPolicy`.
 
 :func:`parse` checks: at least 8 bytes (``SHORT``), 8 <= Length <= the data (``LENGTH``; bytes
 after Length are ignored, as Linux does), then the checksum if asked and present

@@ -13,8 +13,8 @@ from stacklib.transports.shm.region import NODE_NAME, ChannelBroker, FileBroker,
 from stacklib.unet.node import Node, total_drops
 from stacklib.unet.os_service import OSService, Policy
 
-#: Seconds a blocking call polls before it sleeps (PERFORMANCE-NOTES: wake-ups across CPUs
-#: cost 27-65 us, so spinning about that long first is cheaper on a busy channel).
+#: Seconds a blocking call polls before it sleeps (a wake-up across CPUs costs 27-65 us on
+#: these machines, so spinning about that long first is cheaper on a busy channel).
 SPIN_TIME = 50e-6
 
 
