@@ -27,6 +27,7 @@ from typing import Any, ClassVar, TypeAlias, TypeVar
 
 import trio
 
+from stacklib.errors import LocalProtocolError
 from stacklib.unet.endpoint import Endpoint
 
 C = TypeVar("C")
@@ -151,6 +152,79 @@ RemoteAddress: TypeAlias = tuple[int | str, int]
 """(region id or name, byte offset): an address in a region registered with
 :meth:`ActiveMessageService.register_region`.  Names resolve through the local table (the SPMD
 model: every node registers the same regions in the same order)."""
+
+
+class ActiveMessageTables:
+    """The handler table and the memory regions of an Active Message service, with names.
+
+    Handlers are entered at an index of a fixed-size table (the first free one by default) or
+    by name; regions are writable buffers numbered in registration order.  Names resolve
+    locally: like GAM, the SPMD model has every node register the same handlers and regions in
+    the same order.  Misuse raises :class:`~stacklib.errors.LocalProtocolError` whose message
+    starts with ``label`` ("UAM", "GAM").
+    """
+
+    def __init__(self, label: str, size: int = 256, max_regions: int | None = None) -> None:
+        self.label = label
+        self.handlers: list[Handler | None] = [None] * size
+        self.handler_names: dict[str, int] = {}
+        self.regions: dict[int, memoryview] = {}
+        self.region_names: dict[str, int] = {}
+        self._max_regions = max_regions
+
+    def register_handler(
+        self, handler: Handler, index: int | None = None, name: str | None = None
+    ) -> int:
+        """Enter ``handler`` at ``index`` (default: the first free) and return the index."""
+        size = len(self.handlers)
+        if index is None:
+            free = [i for i, h in enumerate(self.handlers) if h is None]
+            if not free:
+                raise LocalProtocolError(
+                    f"{self.label}: the handler table ({size} entries) is full"
+                )
+            index = free[0]
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < size:
+            raise LocalProtocolError(
+                f"{self.label}: handler index {index!r} is not in 0..{size - 1}"
+            )
+        self.handlers[index] = handler
+        if name is not None:
+            self.handler_names[name] = index
+        return index
+
+    def handler_index(self, handler: int | str) -> int:
+        """The table index of a handler given by index (returned as it is) or by name."""
+        if isinstance(handler, str):
+            try:
+                return self.handler_names[handler]
+            except KeyError:
+                raise LocalProtocolError(f"{self.label}: no handler named {handler!r}") from None
+        return handler
+
+    def register_region(self, buffer: bytearray | memoryview, name: str | None = None) -> int:
+        """Make ``buffer`` (writable) reachable by stores and gets; returns its region id."""
+        view = memoryview(buffer).cast("B")
+        if view.readonly:
+            raise LocalProtocolError(
+                f"{self.label}: a region must be writable (bytearray, memoryview)"
+            )
+        if self._max_regions is not None and len(self.regions) >= self._max_regions:
+            raise LocalProtocolError(f"{self.label}: at most {self._max_regions} regions")
+        region = len(self.regions)
+        self.regions[region] = view
+        if name is not None:
+            self.region_names[name] = region
+        return region
+
+    def region_id(self, region: int | str) -> int:
+        """The id of a region given by id (returned as it is) or by name."""
+        if isinstance(region, str):
+            try:
+                return self.region_names[region]
+            except KeyError:
+                raise LocalProtocolError(f"{self.label}: no region named {region!r}") from None
+        return region
 
 
 class ActiveMessageService(ReliableService):

@@ -50,3 +50,25 @@ def test_unet_lends_its_endpoint_and_nothing_else() -> None:
             return None  # it changes send: a layer above must not bypass it
 
     assert Wrapped(endpoint).capability(Endpoint) is None
+
+
+def test_active_message_tables_enter_and_name_handlers_and_regions() -> None:
+    from stacklib.errors import LocalProtocolError
+    from stacklib.services import ActiveMessageTables
+
+    tables = ActiveMessageTables("AM", size=2, max_regions=1)
+    assert tables.register_handler(print, name="p") == 0
+    assert tables.register_handler(len, index=1) == 1
+    assert tables.handler_index("p") == 0 and tables.handler_index(1) == 1
+    with pytest.raises(LocalProtocolError, match="AM: the handler table .2 entries. is full"):
+        tables.register_handler(print)
+    with pytest.raises(LocalProtocolError, match="AM: handler index 2 is not in 0..1"):
+        tables.register_handler(print, index=2)
+    assert tables.register_region(bytearray(8), name="r") == 0
+    assert tables.region_id("r") == 0
+    with pytest.raises(LocalProtocolError, match="AM: at most 1 regions"):
+        tables.register_region(bytearray(8))
+    with pytest.raises(LocalProtocolError, match="must be writable"):
+        ActiveMessageTables("AM").register_region(memoryview(bytes(8)))
+    with pytest.raises(LocalProtocolError, match="AM: no region named 'x'"):
+        tables.region_id("x")

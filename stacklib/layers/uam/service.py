@@ -63,6 +63,7 @@ from stacklib.layers.uam.task_path import TaskPath
 from stacklib.layers.uam.wire import MAX_OVERHEAD, PduType
 from stacklib.services import (
     ActiveMessageService,
+    ActiveMessageTables,
     DatagramService,
     Handler,
     RemoteAddress,
@@ -96,10 +97,10 @@ class UamService(ActiveMessageService):
         # it (a snapshot, as a machine may be added while they await) instead of copying the
         # dict at every wake-up.
         self._machine_items: list[tuple[int, UamMachine]] = []
-        self._handlers: list[Handler | None] = [None] * 256
-        self._handler_names: dict[str, int] = {}
-        self._regions: dict[int, memoryview] = {}
-        self._region_names: dict[str, int] = {}
+        self._tables = ActiveMessageTables("UAM")
+        # The tables' own list and dict, read on every delivery.
+        self._handlers = self._tables.handlers
+        self._regions = self._tables.regions
         self._gets: dict[tuple[int, int], tuple[int, int, int, tuple[int, ...]]] = {}
         self._inbox: deque[tuple[int, bytes]] = deque()
         self._current: tuple[UamMachine, int, int] | None = None  # machine, token, peer
@@ -160,46 +161,19 @@ class UamService(ActiveMessageService):
     ) -> int:
         """Enter ``handler`` in the table at ``index`` (default: the first free) and return
         the index; ``name`` lets callers name it instead (same order on every node)."""
-        if index is None:
-            free = [i for i, h in enumerate(self._handlers) if h is None]
-            if not free:
-                raise LocalProtocolError("UAM: the handler table (256 entries) is full")
-            index = free[0]
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index <= 255:
-            raise LocalProtocolError(f"UAM: handler index {index!r} is not in 0..255")
-        self._handlers[index] = handler
-        if name is not None:
-            self._handler_names[name] = index
-        return index
+        return self._tables.register_handler(handler, index, name)
 
     def handler_index(self, handler: int | str) -> int:
         """The table index of a handler given by index or name."""
-        if isinstance(handler, str):
-            try:
-                return self._handler_names[handler]
-            except KeyError:
-                raise LocalProtocolError(f"UAM: no handler named {handler!r}") from None
-        return handler
+        return self._tables.handler_index(handler)
 
     def register_region(self, buffer: bytearray | memoryview, name: str | None = None) -> int:
         """Make ``buffer`` (writable) reachable by stores and gets; returns its region id."""
-        view = memoryview(buffer).cast("B")
-        if view.readonly:
-            raise LocalProtocolError("UAM: a region must be writable (bytearray, memoryview)")
-        region = len(self._regions)
-        self._regions[region] = view
-        if name is not None:
-            self._region_names[name] = region
-        return region
+        return self._tables.register_region(buffer, name)
 
     def region_id(self, region: int | str) -> int:
         """The id of a region given by id or name."""
-        if isinstance(region, str):
-            try:
-                return self._region_names[region]
-            except KeyError:
-                raise LocalProtocolError(f"UAM: no region named {region!r}") from None
-        return region
+        return self._tables.region_id(region)
 
     # ------------------------------------------------------------------ GAM operations
 

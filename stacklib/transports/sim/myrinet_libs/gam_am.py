@@ -48,7 +48,7 @@ from typing import TypeVar
 import trio
 
 from stacklib.errors import LocalProtocolError, RemoteProtocolError
-from stacklib.services import ActiveMessageService, Handler, RemoteAddress
+from stacklib.services import ActiveMessageService, ActiveMessageTables, Handler, RemoteAddress
 from stacklib.transports.sim.lanai4 import Lanai4Cluster
 from stacklib.transports.sim.myrinet_libs.gam import Gam, GamParams, Token
 
@@ -86,10 +86,9 @@ class GamActiveMessages(ActiveMessageService):
 
     def __init__(self, gam: Gam) -> None:
         self.gam = gam
-        self._handlers: list[Handler | None] = [None] * _TABLE
-        self._handler_names: dict[str, int] = {}
-        self._regions: dict[int, memoryview] = {}
-        self._region_names: dict[str, int] = {}
+        self._tables = ActiveMessageTables("GAM", _TABLE, max_regions=0x10000)
+        self._handlers = self._tables.handlers
+        self._regions = self._tables.regions
         #: (peer, transfer) -> where a get lands and what runs then
         self._gets: dict[tuple[int, int], tuple[int, int, int, tuple[int, ...]]] = {}
         self._next_get = 0
@@ -129,47 +128,20 @@ class GamActiveMessages(ActiveMessageService):
     def register_handler(
         self, handler: Handler, index: int | None = None, name: str | None = None
     ) -> int:
-        if index is None:
-            free = [i for i, h in enumerate(self._handlers) if h is None]
-            if not free:
-                raise LocalProtocolError("GAM: the handler table (256 entries) is full")
-            index = free[0]
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < _TABLE:
-            raise LocalProtocolError(f"GAM: handler index {index!r} is not in 0..255")
-        self._handlers[index] = handler
-        if name is not None:
-            self._handler_names[name] = index
-        return index
+        return self._tables.register_handler(handler, index, name)
 
     def register_region(self, buffer: bytearray | memoryview, name: str | None = None) -> int:
-        view = memoryview(buffer).cast("B")
-        if view.readonly:
-            raise LocalProtocolError("GAM: a region must be writable (bytearray, memoryview)")
-        if len(self._regions) > 0xFFFF:
-            raise LocalProtocolError("GAM: at most 65536 regions")
-        region = len(self._regions)
-        self._regions[region] = view
-        if name is not None:
-            self._region_names[name] = region
-        return region
+        return self._tables.register_region(buffer, name)
 
     def _handler(self, handler: int | str) -> int:
-        if isinstance(handler, str):
-            try:
-                return self._handler_names[handler]
-            except KeyError:
-                raise LocalProtocolError(f"GAM: no handler named {handler!r}") from None
-        if isinstance(handler, bool) or not isinstance(handler, int) or not 0 <= handler < _TABLE:
+        # GAM carries the index in a word: check its range here, before anything is sent.
+        index = self._tables.handler_index(handler)
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < _TABLE:
             raise LocalProtocolError(f"GAM: handler index {handler!r} is not in 0..255")
-        return handler
+        return index
 
     def _region(self, region: int | str) -> int:
-        if isinstance(region, str):
-            try:
-                return self._region_names[region]
-            except KeyError:
-                raise LocalProtocolError(f"GAM: no region named {region!r}") from None
-        return region
+        return self._tables.region_id(region)
 
     # ------------------------------------------------------------------ requests and replies
 
