@@ -23,6 +23,7 @@ TRANSPORTS: dict[str, str] = {
     "shm": "stacklib.transports.shm",
     "udp": "stacklib.transports.udp",
     "ether": "stacklib.transports.ether",
+    "xdp": "stacklib.transports.xdp",
     "tap": "stacklib.transports.tap",
     "sim-atm": "stacklib.transports.sim",
     "sim-fe": "stacklib.transports.sim",

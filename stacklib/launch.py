@@ -10,11 +10,12 @@ Python file or module on this host, each with its bootstrap in environment varia
                        directory of the :class:`~stacklib.transports.shm.ShmNetwork`; udp:
                        each rank writes its address there), or for udp ``static:H:P,H:P,...``
                        (rank r binds the r-th address)
-``STACKLIB_TRANSPORT``  ``shm`` (one host), ``udp`` (across hosts) or ``ether`` (hosts on one
-                       Ethernet segment; needs CAP_NET_RAW)
+``STACKLIB_TRANSPORT``  ``shm`` (one host), ``udp`` (across hosts), ``ether`` (hosts on one
+                       Ethernet segment; needs CAP_NET_RAW) or ``xdp`` (the same frames over
+                       AF_XDP; root, or a socket from the daemon)
 ``STACKLIB_HOST``      udp with a directory: the IPv4 address this rank binds (default
                        127.0.0.1)
-``STACKLIB_INTERFACE``  ether: the network interface this rank's endpoint uses
+``STACKLIB_INTERFACE``  ether, xdp: the network interface this rank's endpoint uses
 =====================  ==================================================================
 
 It waits for all of them; when one fails it kills the others, names the failed rank and
@@ -37,12 +38,16 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import attrs
 
 from stacklib.errors import StacklibError
 from stacklib.unet.endpoint import Endpoint, EndpointConfig
 from stacklib.unet.node import Node
+
+if TYPE_CHECKING:
+    from stacklib.transports.xdp import XdpNetwork
 
 __all__ = [
     "LAUNCHER_VARIABLES",
@@ -156,12 +161,12 @@ def bootstrap(
         return _bootstrap_shm(rank, size, rendezvous, config, shm_spin_time(size, env))
     if transport == "udp":
         return _bootstrap_udp(rank, size, rendezvous, env.get("STACKLIB_HOST"), timeout, config)
-    if transport == "ether":
+    if transport in ("ether", "xdp"):
         interface = env.get("STACKLIB_INTERFACE")
         if not interface:
-            raise LaunchError("STACKLIB_TRANSPORT=ether needs STACKLIB_INTERFACE")
-        return _bootstrap_ether(rank, size, rendezvous, interface, timeout, config)
-    raise LaunchError(f"STACKLIB_TRANSPORT={transport!r}: bootstrap knows shm, udp and ether")
+            raise LaunchError(f"STACKLIB_TRANSPORT={transport} needs STACKLIB_INTERFACE")
+        return _bootstrap_ether(rank, size, rendezvous, interface, timeout, config, transport)
+    raise LaunchError(f"STACKLIB_TRANSPORT={transport!r}: bootstrap knows shm, udp, ether and xdp")
 
 
 def usable_cpus() -> int:
@@ -281,14 +286,22 @@ def _bootstrap_ether(
     interface: str,
     timeout: float,
     config: EndpointConfig | None = None,
+    transport: str = "ether",
 ) -> Rank:
-    """One node per interface (the ether transport's rule): each rank names its own interface
-    and publishes its MAC address and port in the rendezvous directory."""
+    """One node per interface (the rule of ether and xdp, which share their frames and
+    addresses): each rank names its own interface and publishes its MAC address and port in
+    the rendezvous directory."""
     from stacklib.transports.ether import EtherAddress, EtherNetwork
 
     if not os.path.isdir(rendezvous):
         raise LaunchError(f"STACKLIB_RENDEZVOUS={rendezvous!r} is not a directory")
-    network = EtherNetwork(interface)
+    network: EtherNetwork | XdpNetwork
+    if transport == "xdp":
+        from stacklib.transports.xdp import XdpNetwork
+
+        network = XdpNetwork(interface)
+    else:
+        network = EtherNetwork(interface)
     try:
         node = network.add_node(f"rank{rank}")
         endpoint = node.os.create_endpoint(node.os.process(f"rank{rank}"), config, port=PORT)
@@ -305,7 +318,7 @@ def _bootstrap_ether(
     except BaseException:
         network.close()
         raise
-    return Rank(rank, size, "ether", network, node, endpoint, channels)
+    return Rank(rank, size, transport, network, node, endpoint, channels)
 
 
 def publish(directory: str, rank: int, text: str, kind: str = "addr") -> None:
