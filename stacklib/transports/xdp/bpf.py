@@ -39,12 +39,15 @@ __all__ = [
     "map_delete",
     "map_lookup",
     "map_update",
+    "program_id",
+    "run_program",
 ]
 
 _SYSCALL_NUMBER = {"x86_64": 321, "aarch64": 280}
 # Commands (enum bpf_cmd).
 BPF_MAP_CREATE, BPF_MAP_LOOKUP_ELEM, BPF_MAP_UPDATE_ELEM, BPF_MAP_DELETE_ELEM = 0, 1, 2, 3
 BPF_PROG_LOAD = 5
+BPF_PROG_TEST_RUN = 10
 BPF_OBJ_GET_INFO_BY_FD = 15
 BPF_LINK_CREATE = 28
 # Map and program types, attach types.
@@ -199,3 +202,23 @@ def program_id(fd: int) -> int:
     attr = _attr("=IIQ", fd, 256, ctypes.addressof(info))
     _call(BPF_OBJ_GET_INFO_BY_FD, attr, "get object info")
     return int(struct.unpack_from("=I", info.raw, 4)[0])
+
+
+def run_program(program_fd: int, frame: bytes) -> int:
+    """Run the XDP program once on ``frame`` without attaching it (BPF_PROG_TEST_RUN); the
+    action it returned (XDP_PASS, XDP_DROP, XDP_REDIRECT, ...).  Maps are the real ones."""
+    data_in = ctypes.create_string_buffer(frame, len(frame))
+    data_out = ctypes.create_string_buffer(len(frame) + 512)
+    attr = _attr(
+        "=IIIIQQII",
+        program_fd,
+        0,
+        len(frame),
+        len(data_out),
+        ctypes.addressof(data_in),
+        ctypes.addressof(data_out),
+        1,
+        0,
+    )
+    _call(BPF_PROG_TEST_RUN, attr, "test-run XDP program")
+    return int(struct.unpack_from("=I", attr, 4)[0])
