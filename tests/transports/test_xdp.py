@@ -378,3 +378,21 @@ def test_socket_bind_on_a_missing_queue_names_it(veth: tuple[str, str]) -> None:
         open_socket(veth[0], 7)
     assert error.value.errno in (errno.EINVAL, errno.ENODEV, errno.ENXIO)
     assert socket.if_nametoindex(veth[0])
+
+
+def test_zero_copy_is_used_where_offered_and_refused_clearly_where_not(
+    veth: tuple[str, str],
+) -> None:
+    """veth has no zero-copy AF_XDP: insisting on it fails naming the step; the default falls
+    back to copy mode and says so."""
+    from stacklib.transports.xdp.xsk import XdpSetupError, open_socket
+
+    with pytest.raises(XdpSetupError, match="cannot bind") as error:
+        open_socket(veth[0], zero_copy=True)
+    assert error.value.errno in (errno.EOPNOTSUPP, errno.EPROTONOSUPPORT, errno.EINVAL)
+    opened = open_socket(veth[0])
+    try:
+        assert opened.zero_copy is False
+    finally:
+        opened.sock.close()
+        os.close(opened.umem_fd)
