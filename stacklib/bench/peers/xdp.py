@@ -36,6 +36,7 @@ import trio
 from stacklib.transports.ether import EtherAddress
 from stacklib.transports.xdp.network import XdpNetwork
 from stacklib.transports.xdp.ni import XdpEndpoint
+from stacklib.transports.xdp.xsk import XskLayout
 
 SERVERS = ("xdp-echo", "xdp-sink", "udp-echo", "udp-sink", "uam-sink")
 CLIENTS = ("xdp-ping", "xdp-source", "udp-ping", "udp-source", "uam-source")
@@ -43,6 +44,9 @@ CLIENTS = ("xdp-ping", "xdp-source", "udp-ping", "udp-source", "uam-source")
 UDP_PORT = 7798
 #: Round trips before the timed ones (caches, the first wake-ups, ARP for udp).
 WARMUP = 200
+#: UMEM chunks of a stream's receiver: 8192 receive buffers (16 MiB), so a receiver preempted
+#: for a few milliseconds loses nothing, as the kernel's receiver has its 8 MiB socket buffer.
+SINK_FRAMES = 16384
 #: Seconds a client waits for an answer before it gives up (nothing is timed this long).
 _DEADLINE = 5.0
 
@@ -119,7 +123,8 @@ def _round_trips(samples: list[int]) -> dict[str, Any]:
 
 
 def _xdp(spec: Role) -> dict[str, Any]:
-    network = XdpNetwork(spec.interface)
+    frames = SINK_FRAMES if spec.role == "xdp-sink" else XskLayout().frames
+    network = XdpNetwork(spec.interface, layout=XskLayout(frames=frames))
     try:
         node = network.add_node(spec.role)
         endpoint = node.os.create_endpoint(node.os.process(spec.role), port=spec.port)
