@@ -268,9 +268,10 @@ def _counters(ni: dict[str, Any]) -> str:
 
 def _notes(rows: list[dict[str, Cell]]) -> list[str]:
     notes = [
-        "zero-copy is not available on a veth: every frame is copied once by the kernel, "
-        "and the sender's wake-up call (one per 32 frames) runs the receiving veth's XDP "
-        "program and that copy synchronously, on the sender's CPU",
+        "a veth has no zero-copy: the kernel copies every frame (into an skb when sent, "
+        "into the receiver's UMEM on arrival), and the sender's wake-up call (one per 32 "
+        "frames) runs the receiving end's XDP program and both copies synchronously, on the "
+        "sender's CPU",
     ]
     if any(row.get("holds") == "NO" for row in rows):
         notes.append(
