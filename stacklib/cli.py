@@ -106,6 +106,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         result = single_copy.bench_single_copy(
             count=args.count, repeat=args.repeat, window=args.window
         )
+    elif args.bench == "xdp":
+        from stacklib.bench.xdp import XdpBenchParams, bench_xdp
+
+        try:
+            params = XdpBenchParams(args.iterations, args.messages, args.uam_messages, args.window)
+        except ValueError as error:
+            raise ConfigError("command line", "xdp", str(error)) from None
+        result = bench_xdp(params)
     elif args.transport is not None:
         result = _bench_transport(args)
     else:
@@ -319,6 +327,20 @@ def _add_bench(commands: argparse._SubParsersAction[Any]) -> None:
     b.add_argument("--count", type=int, default=400, help="transfers per size and path")
     b.add_argument("--window", type=int, default=8, help="transfers in flight")
     _wall_clock_options(b, repeat=5)
+    b = benches.add_parser(
+        "xdp",
+        help="the xdp transport's targets: raw U-Net and UAM over AF_XDP vs kernel UDP (root)",
+        description="Two network namespaces joined by a veth, one run: 40-byte ping-pong "
+        "(median, p99) against blocking kernel UDP on one and two CPUs, 64-byte and "
+        "full-frame streams against kernel UDP, and a UAM stream that must arrive whole and "
+        "in order; each row with its target and whether it holds (docs/performance.md).",
+    )
+    b.add_argument("--iterations", type=int, default=20000, help="round trips per ping-pong")
+    b.add_argument("--messages", type=int, default=500_000, help="messages per raw stream")
+    b.add_argument("--uam-messages", type=int, default=50_000, help="messages of the UAM stream")
+    b.add_argument("--window", type=int, default=64, help="the UAM stream's window")
+    b.add_argument("--json", action="store_true", help="print JSON")
+    b.set_defaults(func=cmd_bench)
     b = benches.add_parser(
         "faults",
         help="the standing reliability run: UAM and TCP through faults, formats fuzzed, the "
