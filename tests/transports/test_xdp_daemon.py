@@ -391,3 +391,52 @@ def test_the_client_refuses_a_daemon_in_another_namespace(site: Site) -> None:
         pytest.skip("this namespace has a veth0 of its own")
     with pytest.raises(ValueError, match="no network interface named 'veth0' here"):
         open_via_daemon("veth0", socket_path=site.path)
+
+
+# The two conveniences, as nobody: the recipe parameter and the launcher's variable.
+CONVENIENCES = r"""
+import json, os, sys
+from stacklib.daemon import DaemonClient
+from stacklib.launch import bootstrap
+from stacklib.sim import RealWorld
+from stacklib.transports import transport_kind
+from stacklib.transports.xdp import XdpParams
+
+path, rendezvous = sys.argv[1:3]
+os.setgroups([])
+os.setgid(65534)
+os.setuid(65534)
+
+def sockets():
+    with DaemonClient(path, start=False) as client:
+        return [s["ports"] for s in client.status()["xdp"]["veth0"]["sockets"].values()]
+
+kind = transport_kind("xdp")
+network = kind.build(RealWorld(), XdpParams(interface="veth0", daemon=path), ["a"], None)
+node = network.nodes["a"]
+node.os.create_endpoint(node.os.process("app"), port=9)
+built = sockets()
+network.close()
+rank = bootstrap({
+    "STACKLIB_RANK": "0", "STACKLIB_SIZE": "1", "STACKLIB_RENDEZVOUS": rendezvous,
+    "STACKLIB_TRANSPORT": "xdp", "STACKLIB_INTERFACE": "veth0", "STACKLIB_XDP_DAEMON": path,
+})
+launched = sockets()
+rank.close()
+print(json.dumps({"built": built, "launched": launched}))
+"""
+
+
+def test_the_recipe_parameter_and_the_launcher_variable_name_the_daemon(site: Site) -> None:
+    rendezvous = os.path.join(site.directory, "rv")
+    os.mkdir(rendezvous)
+    os.chmod(rendezvous, 0o777)
+    result = subprocess.run(
+        netns_argv(site.ns_a, sys.executable, "-c", CONVENIENCES, site.path, rendezvous),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"built": [[9]], "launched": [[1]]}
+    _wait_for(lambda: _xdp(site) == {})  # both gave their socket back on close
