@@ -16,6 +16,9 @@ Python file or module on this host, each with its bootstrap in environment varia
 ``STACKLIB_HOST``      udp with a directory: the IPv4 address this rank binds (default
                        127.0.0.1)
 ``STACKLIB_INTERFACE``  ether, xdp: the network interface this rank's endpoint uses
+``STACKLIB_XDP_DAEMON``  xdp: the socket path of the daemon (root) that hands this rank its
+                       AF_XDP socket (``default``: its default path); unset, the rank sets
+                       up alone and must be root
 =====================  ==================================================================
 
 It waits for all of them; when one fails it kills the others, names the failed rank and
@@ -165,7 +168,10 @@ def bootstrap(
         interface = env.get("STACKLIB_INTERFACE")
         if not interface:
             raise LaunchError(f"STACKLIB_TRANSPORT={transport} needs STACKLIB_INTERFACE")
-        return _bootstrap_ether(rank, size, rendezvous, interface, timeout, config, transport)
+        daemon = env.get("STACKLIB_XDP_DAEMON") if transport == "xdp" else None
+        return _bootstrap_ether(
+            rank, size, rendezvous, interface, timeout, config, transport, daemon
+        )
     raise LaunchError(f"STACKLIB_TRANSPORT={transport!r}: bootstrap knows shm, udp, ether and xdp")
 
 
@@ -287,10 +293,12 @@ def _bootstrap_ether(
     timeout: float,
     config: EndpointConfig | None = None,
     transport: str = "ether",
+    daemon: str | None = None,
 ) -> Rank:
     """One node per interface (the rule of ether and xdp, which share their frames and
     addresses): each rank names its own interface and publishes its MAC address and port in
-    the rendezvous directory."""
+    the rendezvous directory.  xdp with ``daemon`` (a socket path): the daemon hands this
+    rank its socket (:func:`~stacklib.transports.xdp.service.add_daemon_node`)."""
     from stacklib.transports.ether import EtherAddress, EtherNetwork
 
     if not os.path.isdir(rendezvous):
@@ -303,7 +311,13 @@ def _bootstrap_ether(
     else:
         network = EtherNetwork(interface)
     try:
-        node = network.add_node(f"rank{rank}")
+        if daemon:
+            from stacklib.transports.xdp.service import add_daemon_node
+
+            assert isinstance(network, XdpNetwork)
+            node = add_daemon_node(network, f"rank{rank}", socket_path=daemon)
+        else:
+            node = network.add_node(f"rank{rank}")
         endpoint = node.os.create_endpoint(node.os.process(f"rank{rank}"), config, port=PORT)
         address = endpoint.address
         assert isinstance(address, EtherAddress)

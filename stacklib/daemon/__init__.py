@@ -18,6 +18,9 @@ host, ``stacklib daemon`` or started on demand) does exactly that:
   ``ShmLink.check_peer`` fails the channel with ``PeerGone``;
 * a malformed or forged request (a pid that is not the caller's, a channel or endpoint it does
   not own, a bogus tag) gets an error reply, is logged and counted, and never stops the daemon;
+* xdp (:mod:`~stacklib.daemon.xdp`): the daemon attaches the XDP program of an interface,
+  opens each process's AF_XDP socket and passes it with its UMEM; only the daemon writes the
+  port map, at the request of the socket's owner (docs/xdp-protection.md);
 * single-copy transfers (:mod:`stacklib.transports.xmem`, paper 002 §4): a process registers
   memory it has, a receiver gets a receive pool it posts buffers into, and on SEND_DIRECT (or
   an entry in the sender's shared request queue) the daemon checks channel, side and
@@ -57,6 +60,7 @@ from stacklib.daemon.protocol import (
     ChannelGranted,
     CloseChannel,
     CloseEndpoint,
+    CloseXsk,
     CreateEndpoint,
     DaemonDenied,
     DaemonError,
@@ -66,20 +70,24 @@ from stacklib.daemon.protocol import (
     Doorbell,
     ErrorCode,
     ErrorReply,
+    GrantPort,
     Message,
     MsgType,
     Ok,
     OpenChannel,
     OpenPool,
     OpenQueue,
+    OpenXsk,
     PoolGranted,
     QueueGranted,
     Register,
     Reply,
     Request,
+    RevokePort,
     SendDirect,
     Status,
     StatusReply,
+    XskGranted,
     decode,
     encode,
 )
@@ -87,8 +95,6 @@ from stacklib.daemon.server import (
     MAX_WINDOWS,
     MOVER_MAX_SLEEP,
     MOVER_SPIN,
-    ChannelState,
-    ClientState,
     Daemon,
     run_daemon,
 )
@@ -101,6 +107,8 @@ from stacklib.daemon.sockets import (
     default_socket_path,
     socket_permissions,
 )
+from stacklib.daemon.state import ChannelState, ClientState
+from stacklib.daemon.xdp import MAX_UMEM_BYTES, XdpService, XskState
 from stacklib.transports.shm import RECLAIMED_WORD
 
 __all__ = [
@@ -111,6 +119,7 @@ __all__ = [
     "FAST_CODECS",
     "MAX_BODY",
     "MAX_CLIENTS_PER_UID",
+    "MAX_UMEM_BYTES",
     "MAX_WINDOWS",
     "MOVER_MAX_SLEEP",
     "MOVER_SPIN",
@@ -125,6 +134,7 @@ __all__ = [
     "ClientState",
     "CloseChannel",
     "CloseEndpoint",
+    "CloseXsk",
     "ConnectionLimits",
     "CreateEndpoint",
     "Cred",
@@ -140,21 +150,27 @@ __all__ = [
     "Doorbell",
     "ErrorCode",
     "ErrorReply",
+    "GrantPort",
     "Message",
     "MsgType",
     "Ok",
     "OpenChannel",
     "OpenPool",
     "OpenQueue",
+    "OpenXsk",
     "PoolGranted",
     "QueueGranted",
     "Register",
     "Reply",
     "Request",
+    "RevokePort",
     "SameUid",
     "SendDirect",
     "Status",
     "StatusReply",
+    "XdpService",
+    "XskGranted",
+    "XskState",
     "bind_socket",
     "build_parser",
     "channel_path",

@@ -81,7 +81,7 @@ class DaemonClient:
         buffer = b""
         need = 4
         while len(buffer) < need:
-            data, new_fds, _, _ = socket.recv_fds(self.sock, max(need - len(buffer), 1), 1)
+            data, new_fds, _, _ = socket.recv_fds(self.sock, max(need - len(buffer), 1), 4)
             fds.extend(new_fds)
             if not data:
                 for fd in fds:
@@ -96,7 +96,16 @@ class DaemonClient:
         return seq, message, fds
 
     def request(self, message: Message) -> tuple[Reply, int | None]:
-        """Send one request, return the reply (raising DaemonError for an error reply)."""
+        """Send one request, return the reply (raising DaemonError for an error reply) and
+        the descriptor that came with it (any others are closed)."""
+        reply, fds = self.request_fds(message)
+        for extra in fds[1:]:
+            os.close(extra)
+        return reply, fds[0] if fds else None
+
+    def request_fds(self, message: Message) -> tuple[Reply, list[int]]:
+        """Send one request, return the reply (raising DaemonError for an error reply) and
+        every descriptor that came with it, in order: the caller owns them."""
         if self.in_flight:
             raise DaemonError(
                 f"{self.in_flight} single-copy transfers are in flight: reap() them before "
@@ -112,12 +121,10 @@ class DaemonClient:
                 seq, reply, fds = self.receive()
             except OSError as error:  # timeout, or the daemon went away
                 raise DaemonError(f"daemon at {self.socket_path}: {error}") from None
-        for extra in fds[1:]:
-            os.close(extra)
-        fd = fds[0] if fds else None
-        if isinstance(reply, ErrorReply):
-            if fd is not None:
+        if isinstance(reply, ErrorReply) or seq != self._seq or isinstance(reply, REQUESTS):
+            for fd in fds:
                 os.close(fd)
+        if isinstance(reply, ErrorReply):
             try:
                 code: ErrorCode | None = ErrorCode(reply.code)
             except ValueError:
@@ -125,10 +132,8 @@ class DaemonClient:
             cls = DaemonDenied if code in DENIALS else DaemonError
             raise cls(f"daemon refused: {reply.text}", code)
         if seq != self._seq or isinstance(reply, REQUESTS):
-            if fd is not None:
-                os.close(fd)
             raise DaemonError(f"unexpected reply {reply!r} (seq {seq}, wanted {self._seq})")
-        return reply, fd
+        return reply, fds
 
     def _last_word(self, error: OSError) -> tuple[int, Message, list[int]]:
         """A send failed: the daemon closed the connection, after a BUSY notice that says why

@@ -67,6 +67,10 @@ class MsgType(enum.IntEnum):
     SEND_DIRECT = 9
     OPEN_QUEUE = 10
     DOORBELL = 11
+    OPEN_XSK = 12
+    GRANT_PORT = 13
+    REVOKE_PORT = 14
+    CLOSE_XSK = 15
     OK = 128
     CHANNEL = 129
     ERROR = 130
@@ -74,6 +78,7 @@ class MsgType(enum.IntEnum):
     POOL = 132
     DONE = 133
     QUEUE = 134
+    XSK = 135
 
 
 # ==================================================================== wire format
@@ -118,6 +123,18 @@ _PAYLOADS: dict[int, Any] = {
     ),
     MsgType.OPEN_QUEUE: cs.Struct("pid" / cs.Int32ub, "slots" / cs.Int32ub),
     MsgType.DOORBELL: cs.Struct("pid" / cs.Int32ub),
+    MsgType.OPEN_XSK: cs.Struct(
+        "pid" / cs.Int32ub,
+        "interface" / _Name,
+        "queue" / cs.Int32ub,
+        "frames" / cs.Int32ub,
+        "frame_size" / cs.Int32ub,
+        "zero_copy" / cs.Int8ub,
+        "mode" / cs.Int8ub,
+    ),
+    MsgType.GRANT_PORT: cs.Struct("pid" / cs.Int32ub, "socket" / cs.Int32ub, "port" / cs.Int16ub),
+    MsgType.REVOKE_PORT: cs.Struct("pid" / cs.Int32ub, "socket" / cs.Int32ub, "port" / cs.Int16ub),
+    MsgType.CLOSE_XSK: cs.Struct("pid" / cs.Int32ub, "socket" / cs.Int32ub),
     MsgType.OK: cs.Struct(),
     MsgType.CHANNEL: cs.Struct(
         "channel" / cs.Int32ub,
@@ -131,6 +148,15 @@ _PAYLOADS: dict[int, Any] = {
     MsgType.POOL: cs.Struct("slots" / cs.Int32ub, "data_bytes" / cs.Int64ub),
     MsgType.DONE: cs.Struct(
         "cookie" / cs.Int32ub, "status" / cs.Int8ub, "length" / cs.Int32ub, "channel" / cs.Int32ub
+    ),
+    MsgType.XSK: cs.Struct(
+        "socket" / cs.Int32ub,
+        "ifindex" / cs.Int32ub,
+        "queue" / cs.Int32ub,
+        "frames" / cs.Int32ub,
+        "frame_size" / cs.Int32ub,
+        "zero_copy" / cs.Int8ub,
+        "mode" / _Name,
     ),
 }
 
@@ -247,6 +273,77 @@ class Doorbell:
     type = MsgType.DOORBELL
 
 
+#: OPEN_XSK's ``zero_copy`` field: copy mode, zero-copy, or zero-copy where the driver has it.
+XSK_COPY, XSK_ZERO_COPY, XSK_ANY_COPY = 0, 1, 2
+#: OPEN_XSK's ``mode`` field: where the program is attached (if the daemon attaches it now).
+XDP_MODES = {0: None, 1: "native", 2: "skb"}
+
+
+@attrs.frozen
+class OpenXsk:
+    """Open an AF_XDP socket on ``interface``'s ``queue`` for the caller, with a UMEM of
+    ``frames`` chunks of ``frame_size`` bytes (reply XSK with the socket and the UMEM's memfd).
+
+    ``zero_copy`` is :data:`XSK_COPY`, :data:`XSK_ZERO_COPY` or :data:`XSK_ANY_COPY`; ``mode``
+    a key of :data:`XDP_MODES` (used when this request attaches the interface's program).
+    """
+
+    pid: int
+    interface: str
+    queue: int
+    frames: int
+    frame_size: int
+    zero_copy: int
+    mode: int
+    type = MsgType.OPEN_XSK
+
+
+@attrs.frozen
+class GrantPort:
+    """Deliver U-Net ``port``'s frames to the caller's xdp ``socket`` (reply OK)."""
+
+    pid: int
+    socket: int
+    port: int
+    type = MsgType.GRANT_PORT
+
+
+@attrs.frozen
+class RevokePort:
+    """Stop delivering ``port``'s frames to the caller's xdp ``socket`` (reply OK)."""
+
+    pid: int
+    socket: int
+    port: int
+    type = MsgType.REVOKE_PORT
+
+
+@attrs.frozen
+class CloseXsk:
+    """The caller is done with its xdp ``socket``: revoke its ports and free its queue."""
+
+    pid: int
+    socket: int
+    type = MsgType.CLOSE_XSK
+
+
+@attrs.frozen
+class XskGranted:
+    """Reply to OPEN_XSK; the socket and the UMEM's memfd ride along (SCM_RIGHTS, in order).
+
+    ``socket`` names it in GRANT_PORT, REVOKE_PORT and CLOSE_XSK; ``mode`` is how the program
+    is attached (``native`` or ``skb``)."""
+
+    socket: int
+    ifindex: int
+    queue: int
+    frames: int
+    frame_size: int
+    zero_copy: int
+    mode: str
+    type = MsgType.XSK
+
+
 @attrs.frozen
 class QueueGranted:
     slots: int
@@ -312,8 +409,14 @@ Request = (
     | SendDirect
     | OpenQueue
     | Doorbell
+    | OpenXsk
+    | GrantPort
+    | RevokePort
+    | CloseXsk
 )
-Reply = Ok | ChannelGranted | ErrorReply | StatusReply | PoolGranted | Done | QueueGranted
+Reply = (
+    Ok | ChannelGranted | ErrorReply | StatusReply | PoolGranted | Done | QueueGranted | XskGranted
+)
 #: Every request class: what the daemon answers, and what a reply must never be.
 REQUESTS = (
     CreateEndpoint,
@@ -327,6 +430,10 @@ REQUESTS = (
     SendDirect,
     OpenQueue,
     Doorbell,
+    OpenXsk,
+    GrantPort,
+    RevokePort,
+    CloseXsk,
 )
 Message = Request | Reply
 
@@ -344,6 +451,11 @@ _CLASSES: dict[int, type[Any]] = {
         SendDirect,
         OpenQueue,
         Doorbell,
+        OpenXsk,
+        GrantPort,
+        RevokePort,
+        CloseXsk,
+        XskGranted,
         QueueGranted,
         Ok,
         ChannelGranted,

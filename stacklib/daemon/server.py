@@ -19,17 +19,17 @@ import time
 from collections import Counter
 from typing import Any
 
-import attrs
 import trio
 
 from stacklib.daemon.limits import ConnectionLimits, choose_victim
-from stacklib.daemon.policy import Cred, DaemonPolicy, SameUid, peer_cred
+from stacklib.daemon.policy import DaemonPolicy, SameUid, peer_cred
 from stacklib.daemon.protocol import (
     MAX_BODY,
     REQUESTS,
     ChannelGranted,
     CloseChannel,
     CloseEndpoint,
+    CloseXsk,
     CreateEndpoint,
     DaemonError,
     DaemonFormatError,
@@ -38,15 +38,18 @@ from stacklib.daemon.protocol import (
     Doorbell,
     ErrorCode,
     ErrorReply,
+    GrantPort,
     Message,
     Ok,
     OpenChannel,
     OpenPool,
     OpenQueue,
+    OpenXsk,
     PoolGranted,
     QueueGranted,
     Register,
     Reply,
+    RevokePort,
     SendDirect,
     Status,
     StatusReply,
@@ -54,6 +57,11 @@ from stacklib.daemon.protocol import (
     encode,
 )
 from stacklib.daemon.sockets import accept, bind_socket, make_directory, unlink_if_same
+
+# ClientState and ChannelState lived here: still importable from this module.
+from stacklib.daemon.state import ChannelState as ChannelState
+from stacklib.daemon.state import ClientState as ClientState
+from stacklib.daemon.xdp import XdpService
 from stacklib.transports import xmem
 from stacklib.transports.shm import (
     HEADER_BYTES,
@@ -71,48 +79,6 @@ MAX_WINDOWS = 256
 #: Seconds the request-queue mover polls before sleeping, and its longest sleep.
 MOVER_SPIN = 50e-6
 MOVER_MAX_SLEEP = 0.02
-
-
-@attrs.define(eq=False)
-class ClientState:
-    sock: trio.socket.SocketType
-    cred: Cred
-    endpoints: set[ShmAddress] = attrs.field(factory=set)
-    channels: set[int] = attrs.field(factory=set)
-    lock: trio.Lock = attrs.field(factory=trio.Lock)
-    #: Registered memory (page-aligned [start, end) ranges) single-copy transfers may read.
-    windows: list[tuple[int, int]] = attrs.field(factory=list)
-    #: A pidfd of the process: a transfer checks it is still alive before touching its pid.
-    pidfd: int | None = None
-    #: Its request queue (transfers submitted through shared memory), if it opened one.
-    queue: xmem.QueueState | None = None
-    #: When it last sent anything (trio time): the least recently active is shed first.
-    last_active: float = 0.0
-    #: Cancelled to close the connection (it is shed).
-    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-
-    @property
-    def uid(self) -> int:
-        return self.cred.uid
-
-    def holds_nothing(self) -> bool:
-        """No endpoint, channel, registration or queue: closing it reclaims nothing."""
-        return not (self.endpoints or self.channels or self.windows or self.queue is not None)
-
-
-@attrs.define(eq=False)
-class ChannelState:
-    """A channel the daemon made: its region (a sealed memfd) and the owner of each side."""
-
-    id: int
-    addresses: tuple[ShmAddress, ShmAddress]  # side 0, side 1
-    spec: RegionSpec
-    fd: int
-    #: The region's header page, mapped by the daemon (pids and side states live there).
-    header: RegionHeader
-    owners: list[ClientState | None] = attrs.field(factory=lambda: [None, None])
-    #: A side was closed or reclaimed: never joined again; a new open replaces the channel.
-    broken: bool = False
 
 
 def _notify(sock: trio.socket.SocketType, reply: ErrorReply) -> None:
@@ -169,6 +135,8 @@ class Daemon:
         self._doorbell = trio.Event()
         #: Seconds the mover polls request queues before it sleeps (as the shm transport does).
         self.mover_spin = MOVER_SPIN
+        #: AF_XDP sockets and the port maps of their interfaces (the xdp transport).
+        self.xdp = XdpService(self._refuse)
 
     # ---------------------------------------------------------------- request handling
     def _refuse(self, client: ClientState, code: ErrorCode, text: str) -> ErrorReply:
@@ -178,18 +146,45 @@ class Daemon:
         )
         return ErrorReply(int(code), text)
 
-    def handle(self, client: ClientState, message: Message) -> tuple[Reply, int | None]:
-        """Answer one request: the reply and a descriptor to pass with it (or None)."""
+    async def answer(self, client: ClientState, message: Message) -> tuple[Reply, list[int]]:
+        """Answer one request: the reply and the descriptors to pass with it.  Only OPEN_XSK
+        waits (binding a socket); every other request is :meth:`handle`'s."""
+        if isinstance(message, OpenXsk):
+            refused = self._check_request(client, message)
+            if refused is not None:
+                return refused, []
+            return await self.xdp.open(client, message)
+        reply, fd = self.handle(client, message)
+        return reply, [] if fd is None else [fd]
+
+    def _check_request(self, client: ClientState, message: Message) -> ErrorReply | None:
         if not isinstance(message, REQUESTS):
-            return self._refuse(client, ErrorCode.MALFORMED, "a reply is not a request"), None
+            return self._refuse(client, ErrorCode.MALFORMED, "a reply is not a request")
         if message.pid != client.cred.pid:
             # The kernel's word, not the payload's, says who is asking.
             return self._refuse(
                 client,
                 ErrorCode.FORGED_PID,
                 f"request claims pid {message.pid} but comes from pid {client.cred.pid}",
-            ), None
+            )
         self.counters["requests"] += 1
+        return None
+
+    def handle(self, client: ClientState, message: Message) -> tuple[Reply, int | None]:
+        """Answer one request but OPEN_XSK (see :meth:`answer`): the reply and a descriptor
+        to pass with it (or None)."""
+        refused = self._check_request(client, message)
+        if refused is not None:
+            return refused, None
+        assert isinstance(message, REQUESTS)
+        if isinstance(message, OpenXsk):
+            return self._refuse(client, ErrorCode.INTERNAL, "OPEN_XSK needs answer()"), None
+        if isinstance(message, GrantPort):
+            return self.xdp.grant(client, message), None
+        if isinstance(message, RevokePort):
+            return self.xdp.revoke(client, message), None
+        if isinstance(message, CloseXsk):
+            return self.xdp.close(client, message), None
         if isinstance(message, Status):
             return StatusReply(json.dumps(self.status())), None
         if isinstance(message, CloseChannel):
@@ -538,6 +533,8 @@ class Daemon:
         if client.queue is not None:
             client.queue.close()
             client.queue = None
+        # Its xdp sockets: their ports revoked, the daemon's copies closed.
+        self.counters["reclaimed_xsks"] += self.xdp.reclaim(client)
         self.clients.discard(client)
         self._idle_changed.set()
 
@@ -557,16 +554,19 @@ class Daemon:
             "registrations": sum(len(c.windows) for c in self.clients),
             "pools": len(self.pools),
             "cache": {"capacity": self.cache.capacity, **self.cache.stats.as_dict()},
+            "xdp": self.xdp.status(),
         }
 
     # ---------------------------------------------------------------- sockets
-    async def _send(self, client: ClientState, reply: Reply, seq: int, fd: int | None) -> None:
+    async def _send(
+        self, client: ClientState, reply: Reply, seq: int, fds: list[int] | None = None
+    ) -> None:
         frame = encode(seq, reply)
         async with client.lock:
-            if fd is None:
+            if not fds:
                 ancillary = []
             else:
-                ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
+                ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
             sent = await client.sock.sendmsg([frame], ancillary)
             while sent < len(frame):  # the descriptor rode with the first byte
                 sent += await client.sock.send(frame[sent:])
@@ -680,7 +680,7 @@ class Daemon:
                     # No way to resynchronize a stream: answer and hang up.
                     await self._flush(client, pending)
                     refusal = self._refuse(client, ErrorCode.MALFORMED, f"frame of {length} bytes")
-                    await self._send(client, refusal, 0, None)
+                    await self._send(client, refusal, 0)
                     return
                 if len(buffer) < 4 + length:
                     break
@@ -688,7 +688,7 @@ class Daemon:
                 del buffer[: 4 + length]
                 seq = int.from_bytes(body[2:6], "big") if len(body) >= 6 else 0
                 reply: Reply
-                fd: int | None = None
+                fds: list[int] = []
                 try:
                     seq, message = decode(body)
                     if isinstance(message, Doorbell) and message.pid == cred.pid:
@@ -697,13 +697,13 @@ class Daemon:
                 except DaemonFormatError as error:
                     reply = self._refuse(client, ErrorCode.MALFORMED, str(error))
                 else:
-                    reply, fd = self.handle(client, message)
+                    reply, fds = await self.answer(client, message)
                 if isinstance(reply, Done):
                     # Pipelined transfers: their DONEs leave in one send per batch.
                     pending.append(encode(seq, reply))
                     continue
                 await self._flush(client, pending)
-                await self._send(client, reply, seq, fd)
+                await self._send(client, reply, seq, fds)
             await self._flush(client, pending)
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -730,6 +730,7 @@ class Daemon:
             for _, pool in self.pools.values():
                 pool.close()
             self.pools.clear()
+            self.xdp.close_all()  # detaches every program this daemon attached
 
     async def _idle_watch(self, timeout: float, scope: trio.CancelScope) -> None:
         while True:

@@ -27,6 +27,7 @@ from stacklib.daemon import (
     ClientState,
     CloseChannel,
     CloseEndpoint,
+    CloseXsk,
     CreateEndpoint,
     Cred,
     Daemon,
@@ -40,16 +41,20 @@ from stacklib.daemon import (
     Doorbell,
     ErrorCode,
     ErrorReply,
+    GrantPort,
     Ok,
     OpenChannel,
     OpenPool,
     OpenQueue,
+    OpenXsk,
     PoolGranted,
     QueueGranted,
     Register,
+    RevokePort,
     SendDirect,
     Status,
     StatusReply,
+    XskGranted,
     decode,
     encode,
 )
@@ -73,6 +78,7 @@ _names = st.text(min_size=0, max_size=70)
 _u16 = st.integers(0, 0xFFFF)
 _u32 = st.integers(0, 0xFFFFFFFF)
 _u64 = st.integers(0, (1 << 64) - 1)
+_u8 = st.integers(0, 255)
 _messages = st.one_of(
     st.builds(CreateEndpoint, _u32, _names, _u16),
     st.builds(OpenChannel, _u32, _names, _u16, _names, _u16, _u32, _u32),
@@ -92,6 +98,11 @@ _messages = st.one_of(
     st.builds(OpenQueue, _u32, _u32),
     st.builds(Doorbell, _u32),
     st.builds(QueueGranted, _u32),
+    st.builds(OpenXsk, _u32, _names, _u32, _u32, _u32, _u8, _u8),
+    st.builds(GrantPort, _u32, _u32, _u16),
+    st.builds(RevokePort, _u32, _u32, _u16),
+    st.builds(CloseXsk, _u32, _u32),
+    st.builds(XskGranted, _u32, _u32, _u32, _u32, _u32, _u8, _names),
 )
 
 

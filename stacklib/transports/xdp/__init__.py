@@ -51,6 +51,9 @@ class XdpParams:
     frame_size: int = 2048
     spin_us: float = attrs.field(default=SPIN_TIME * 1e6, validator=attrs.validators.ge(0))
     inline_threshold: int = attrs.field(default=64, validator=attrs.validators.ge(0))
+    #: None: this process sets up alone (root); else the socket path of the daemon that hands
+    #: it its socket (``"default"``: the daemon's default path), so it may be unprivileged.
+    daemon: str | None = None
 
 
 def _build(
@@ -77,7 +80,16 @@ def _build(
         spin_time=params.spin_us * 1e-6,
         inline_threshold=params.inline_threshold,
     )
-    network.add_node(names[0], profile)
+    if params.daemon is None:
+        network.add_node(names[0], profile)
+        return network
+    from stacklib.transports.xdp.service import add_daemon_node
+
+    try:
+        add_daemon_node(network, names[0], profile, socket_path=params.daemon)
+    except BaseException:
+        network.close()
+        raise
     return network
 
 

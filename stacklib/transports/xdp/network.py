@@ -97,7 +97,9 @@ class XdpNetwork(HandleNetwork):
         grants: PortGrants | None = None,
     ) -> Node:
         """Add this host's node.  Alone (default) the process sets everything up itself (root);
-        or it passes the socket it was handed (``opened``) and who grants its ports."""
+        or it passes the socket it was handed (``opened``) and who grants its ports (closed
+        with the network if it has a ``close``; :func:`~stacklib.transports.xdp.service.
+        add_daemon_node` does this with the daemon)."""
         if self.nodes:
             raise ValueError(f"{self.interface} already has node {next(iter(self.nodes))!r}")
         local: LocalGrants | None = None
@@ -126,8 +128,10 @@ class XdpNetwork(HandleNetwork):
         ni = XdpNI(name, host, self, xsk, grants)
         node = Node(name, host, ni, OSService(ni, policy=policy))
         self.nodes[name] = node
-        if local is not None:
-            self._closers.append(local)
+        # Whoever granted the ports is closed with the network: the process's own attachment,
+        # or the daemon's grants (which give the socket back).
+        if hasattr(grants, "close"):
+            self._closers.append(grants)
         return node
 
     @property

@@ -39,7 +39,7 @@ from stacklib.wire.descriptor import DescriptorStatus, SendDescriptor
 if TYPE_CHECKING:
     from stacklib.transports.xdp.network import XdpNetwork
 
-__all__ = ["KICK_BATCH", "PortGrants", "XdpEndpoint", "XdpNI", "interface_mtu"]
+__all__ = ["KICK_BATCH", "PortGrants", "XdpEndpoint", "XdpNI", "interface_mac", "interface_mtu"]
 
 #: The kernel sends at most 32 descriptors per wake-up in copy mode.
 KICK_BATCH = 32
@@ -53,6 +53,7 @@ _pack_frame_header = struct.Struct(">14sHB").pack_into
 _pack_descriptor = struct.Struct("=QII").pack_into
 _ETHERTYPE = unet_eth.ETHERTYPE_UNET.to_bytes(2, "big")
 _SIOCGIFMTU = 0x8921
+_SIOCGIFHWADDR = 0x8927
 _WRAP = 0xFFFFFFFF
 
 
@@ -71,6 +72,14 @@ def interface_mtu(interface: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         request = struct.pack("16si", interface.encode()[:15], 0)
         return int(struct.unpack("16si", fcntl.ioctl(sock, _SIOCGIFMTU, request))[1])
+
+
+def interface_mac(interface: str) -> bytes:
+    """The interface's MAC address (SIOCGIFHWADDR): no privilege needed, unlike a packet
+    socket, so a process handed its socket by the daemon can ask too."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("16s18x", interface.encode()[:15])
+        return bytes(fcntl.ioctl(sock, _SIOCGIFHWADDR, request)[18:24])
 
 
 class XdpNI(HandleNI):
@@ -99,9 +108,7 @@ class XdpNI(HandleNI):
         self.xsk = xsk
         self.grants = grants
         self.spin_time = network.spin_time
-        with socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0) as probe:
-            probe.bind((self.interface, 0))
-            self._mac_bytes = bytes(probe.getsockname()[4][:6])
+        self._mac_bytes = interface_mac(self.interface)
         self.mac = unet_eth.mac_str(self._mac_bytes)
         self._chunk_mask = ~(xsk.layout.frame_size - 1)
         #: Frames for another MAC (promiscuous or bridged interfaces): not for this node.
