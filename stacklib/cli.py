@@ -207,7 +207,7 @@ def cmd_faults(args: argparse.Namespace) -> int:
 def cmd_spawn(args: argparse.Namespace) -> int:
     from stacklib.launch import cmd_spawn as spawn
 
-    return spawn(args.n, args.program, args.args, args.transport)
+    return spawn(args.n, args.program, args.args, args.transport, args.netns)
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
@@ -427,7 +427,15 @@ def _add_spawn(commands: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("-n", type=int, required=True, metavar="N", help="number of ranks")
     p.add_argument(
-        "--transport", choices=["shm", "udp"], default="shm", help="how ranks connect (shm)"
+        "--transport",
+        choices=["shm", "udp", "ether", "xdp"],
+        default="shm",
+        help="how ranks connect (shm; ether and xdp need --netns on one host)",
+    )
+    p.add_argument(
+        "--netns",
+        action="store_true",
+        help="each rank in a network namespace of its own, the namespaces bridged (root)",
     )
     p.add_argument("program", metavar="PROGRAM", help="a Python file or a module name")
     p.add_argument("args", metavar="ARGS", nargs=argparse.REMAINDER, help="its arguments")

@@ -141,31 +141,10 @@ def _run_real(args: argparse.Namespace) -> int:
 NETNS_PREFIX = "slsplitc"
 
 
-def _bridged_namespaces(stack: contextlib.ExitStack, n: int) -> tuple[list[str], list[str]]:
-    """``n`` namespaces, each with one veth whose other end is on a bridge in a hub namespace
-    (one Ethernet segment, like the paper's switch); returns the namespaces and addresses."""
-    from stacklib.netns import netns, run_in, veth_pair
-
-    hub = stack.enter_context(netns(NETNS_PREFIX))
-    spaces = [stack.enter_context(netns(NETNS_PREFIX)) for _ in range(n)]
-    # The bridge and the hub ends of the veths go when the hub namespace is deleted.
-    run_in(hub, "ip", "link", "add", "slbr", "type", "bridge")
-    run_in(hub, "ip", "link", "set", "slbr", "up")
-    # A subnet per coordinator process, so two runs at once do not meet.
-    subnet = f"10.97.{os.getpid() % 250}"
-    addresses = [f"{subnet}.{rank + 1}" for rank in range(n)]
-    for rank, space in enumerate(spaces):
-        _, port = veth_pair(
-            space, hub, f"{addresses[rank]}/24", None, name_a="sc0", name_b=f"sc{rank}"
-        )
-        run_in(hub, "ip", "link", "set", port, "master", "slbr")
-    return spaces, addresses
-
-
 def _run_netns(args: argparse.Namespace, rank_args: list[str], environment: dict[str, str]) -> int:
     """Run the ranks over udp, each in its own network namespace; namespaces, rendezvous
     directory and ranks are gone when this returns, also on failure."""
-    from stacklib.netns import NetnsError, capability_problem, netns_argv
+    from stacklib.netns import NetnsError, bridged_namespaces, capability_problem, netns_argv
 
     problem = capability_problem()
     if problem is not None:
@@ -179,7 +158,7 @@ def _run_netns(args: argparse.Namespace, rank_args: list[str], environment: dict
         rendezvous = tempfile.mkdtemp(prefix="stacklib-splitc-", dir=base)
         stack.callback(shutil.rmtree, rendezvous, True)
         try:
-            spaces, addresses = _bridged_namespaces(stack, args.n)
+            spaces, addresses = bridged_namespaces(stack, args.n, NETNS_PREFIX)
         except NetnsError as exc:
             print(f"stacklib splitc: {exc}", file=sys.stderr)
             return 2
