@@ -47,7 +47,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     from stacklib.recipes import run_recipe
 
     recipe = load_recipe(args.recipe, args.set)
-    result = run_recipe(recipe, seed=args.seed, pcap=args.pcap)
+    if recipe.transport.per_process:
+        # One node per process (ether, xdp): this process is one rank of the recipe, started
+        # by stacklib spawn or another launcher; rank 0 prints the result.
+        from stacklib.recipes.ranks import run_rank
+
+        if args.pcap is not None:
+            raise ConfigError(str(recipe.path), "transport.kind", "has no link to capture")
+        rank_result = run_rank(recipe, seed=args.seed)
+        if rank_result is None:
+            return 0
+        result = rank_result
+    else:
+        result = run_recipe(recipe, seed=args.seed, pcap=args.pcap)
     if args.json:
         print(result.to_json())
     else:
