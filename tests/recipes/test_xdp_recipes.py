@@ -93,6 +93,18 @@ def test_stacklib_run_as_two_ranks(
     assert expected in out and "ranks: 2" in out
 
 
+@pytest.mark.slow
+@needs_xdp
+def test_splitc_ranks_through_the_launcher_over_xdp(capfd: pytest.CaptureFixture[str]) -> None:
+    from stacklib.cli import main
+
+    args = ["splitc", "run", "rsortsm", "-n", "2", "--transport", "xdp", "--netns", "--small"]
+    status = main(args)
+    out = capfd.readouterr().out
+    assert status == 0, out
+    assert "rsortsm on 2 ranks over xdp (netns): verified" in out
+
+
 def test_a_one_node_per_process_recipe_says_how_to_start_its_ranks() -> None:
     recipe = load_recipe("tcp-xdp")
     assert recipe.transport.per_process
