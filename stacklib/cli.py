@@ -47,7 +47,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     from stacklib.recipes import run_recipe
 
     recipe = load_recipe(args.recipe, args.set)
-    result = run_recipe(recipe, seed=args.seed, pcap=args.pcap)
+    if recipe.transport.per_process:
+        # One node per process (ether, xdp): this process is one rank of the recipe, started
+        # by stacklib spawn or another launcher; rank 0 prints the result.
+        from stacklib.recipes.ranks import run_rank
+
+        if args.pcap is not None:
+            raise ConfigError(str(recipe.path), "transport.kind", "has no link to capture")
+        rank_result = run_rank(recipe, seed=args.seed)
+        if rank_result is None:
+            return 0
+        result = rank_result
+    else:
+        result = run_recipe(recipe, seed=args.seed, pcap=args.pcap)
     if args.json:
         print(result.to_json())
     else:
@@ -215,7 +227,7 @@ def cmd_faults(args: argparse.Namespace) -> int:
 def cmd_spawn(args: argparse.Namespace) -> int:
     from stacklib.launch import cmd_spawn as spawn
 
-    return spawn(args.n, args.program, args.args, args.transport)
+    return spawn(args.n, args.program, args.args, args.transport, args.netns)
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
@@ -449,7 +461,15 @@ def _add_spawn(commands: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("-n", type=int, required=True, metavar="N", help="number of ranks")
     p.add_argument(
-        "--transport", choices=["shm", "udp"], default="shm", help="how ranks connect (shm)"
+        "--transport",
+        choices=["shm", "udp", "ether", "xdp"],
+        default="shm",
+        help="how ranks connect (shm; ether and xdp need --netns on one host)",
+    )
+    p.add_argument(
+        "--netns",
+        action="store_true",
+        help="each rank in a network namespace of its own, the namespaces bridged (root)",
     )
     p.add_argument("program", metavar="PROGRAM", help="a Python file or a module name")
     p.add_argument("args", metavar="ARGS", nargs=argparse.REMAINDER, help="its arguments")

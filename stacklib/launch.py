@@ -57,6 +57,7 @@ __all__ = [
     "LaunchError",
     "Rank",
     "bootstrap",
+    "join_ether",
     "program_argv",
     "publish",
     "rank_from_environment",
@@ -299,7 +300,7 @@ def _bootstrap_ether(
     addresses): each rank names its own interface and publishes its MAC address and port in
     the rendezvous directory.  xdp with ``daemon`` (a socket path): the daemon hands this
     rank its socket (:func:`~stacklib.transports.xdp.service.add_daemon_node`)."""
-    from stacklib.transports.ether import EtherAddress, EtherNetwork
+    from stacklib.transports.ether import EtherNetwork
 
     if not os.path.isdir(rendezvous):
         raise LaunchError(f"STACKLIB_RENDEZVOUS={rendezvous!r} is not a directory")
@@ -318,6 +319,31 @@ def _bootstrap_ether(
             node = add_daemon_node(network, f"rank{rank}", socket_path=daemon)
         else:
             node = network.add_node(f"rank{rank}")
+    except BaseException:
+        network.close()
+        raise
+    return join_ether(network, node, rank, size, rendezvous, timeout, config, transport)
+
+
+def join_ether(
+    network: object,
+    node: Node,
+    rank: int,
+    size: int,
+    rendezvous: str,
+    timeout: float = 30.0,
+    config: EndpointConfig | None = None,
+    transport: str = "ether",
+) -> Rank:
+    """Connect ``node`` (this rank's node of an ether or xdp ``network``, built by the caller
+    with parameters of its choosing) to every other rank: an endpoint on port 1 whose MAC
+    address and port are published in the ``rendezvous`` directory, and a channel to each
+    other rank's.  Closes ``network`` if that fails."""
+    from stacklib.transports.ether import EtherAddress
+
+    try:
+        if not os.path.isdir(rendezvous):
+            raise LaunchError(f"STACKLIB_RENDEZVOUS={rendezvous!r} is not a directory")
         endpoint = node.os.create_endpoint(node.os.process(f"rank{rank}"), config, port=PORT)
         address = endpoint.address
         assert isinstance(address, EtherAddress)
@@ -330,7 +356,9 @@ def _bootstrap_ether(
                     endpoint.owner, endpoint, EtherAddress(mac, int(port))
                 )
     except BaseException:
-        network.close()
+        close = getattr(network, "close", None)
+        if close is not None:
+            close()
         raise
     return Rank(rank, size, transport, network, node, endpoint, channels)
 
@@ -378,6 +406,14 @@ def _status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+#: The transports :func:`spawn` starts ranks on; ether and xdp only with ``netns``.
+SPAWN_TRANSPORTS = ("shm", "udp", "ether", "xdp")
+
+#: Prefix of the namespaces ``spawn(netns=True)`` makes (stacklib.netns.remove_stale cleans
+#: up after a killed launcher).
+NETNS_PREFIX = "slspawn"
+
+
 def spawn(
     n: int,
     program: str,
@@ -386,16 +422,61 @@ def spawn(
     transport: str = "shm",
     rendezvous: str | None = None,
     grace: float = 2.0,
+    netns: bool = False,
 ) -> int:
     """Run ``n`` ranks of ``program`` to completion; the exit status of the first to fail, or 0.
 
     When a rank fails the others get SIGTERM, then SIGKILL after ``grace`` seconds.  The
     rendezvous directory (made under /dev/shm unless given) is removed at the end.
+
+    ``netns``: each rank runs in a network namespace of its own with one interface, the
+    namespaces joined by a bridge (:func:`stacklib.netns.bridged_namespaces`; root), as
+    ``n`` hosts on one Ethernet segment; udp ranks bind their interface's IPv4 address,
+    ether and xdp ranks use the interface (``STACKLIB_INTERFACE``).  One node per interface
+    makes that the only way to run ether or xdp ranks on one host.  Everything is deleted
+    afterwards.
     """
     if n < 1:
         raise LaunchError(f"-n must be at least 1, got {n}")
-    if transport not in ("shm", "udp"):
-        raise LaunchError(f"transport {transport!r}: spawn knows shm and udp")
+    if transport not in SPAWN_TRANSPORTS:
+        raise LaunchError(f"transport {transport!r}: spawn knows {', '.join(SPAWN_TRANSPORTS)}")
+    if transport in ("ether", "xdp") and not netns:
+        raise LaunchError(
+            f"transport {transport}: one node per interface, so on one host the ranks need a "
+            "namespace each (--netns); across hosts start them with your launcher "
+            "(docs/launching.md)"
+        )
+    if netns and transport == "shm":
+        raise LaunchError("--netns applies to udp, ether and xdp, not shm")
+    with contextlib.ExitStack() as stack:
+        places = _rank_places(stack, n) if netns else None
+        return _spawn(n, program, args, transport, rendezvous, grace, places)
+    raise AssertionError("unreachable")  # pragma: no cover - mypy: ExitStack may swallow
+
+
+def _rank_places(stack: contextlib.ExitStack, n: int) -> list[tuple[str, str]]:
+    """(namespace, IPv4 address) of each rank, joined by a bridge."""
+    from stacklib.netns import NetnsError, bridged_namespaces, capability_problem
+
+    problem = capability_problem()
+    if problem is not None:
+        raise LaunchError(f"--netns needs network namespaces: {problem}")
+    try:
+        spaces, addresses = bridged_namespaces(stack, n, NETNS_PREFIX)
+    except (NetnsError, ValueError) as error:
+        raise LaunchError(str(error)) from None
+    return list(zip(spaces, addresses, strict=True))
+
+
+def _spawn(
+    n: int,
+    program: str,
+    args: Sequence[str],
+    transport: str,
+    rendezvous: str | None,
+    grace: float,
+    places: list[tuple[str, str]] | None,
+) -> int:
     owns = rendezvous is None
     if rendezvous is None:
         base = "/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -412,7 +493,14 @@ def spawn(
                 STACKLIB_RENDEZVOUS=rendezvous,
                 STACKLIB_TRANSPORT=transport,
             )
-            ranks[rank] = subprocess.Popen(command, env=env)
+            argv = command
+            if places is not None:
+                from stacklib.netns import RANK_INTERFACE, netns_argv
+
+                space, address = places[rank]
+                env.update(STACKLIB_HOST=address, STACKLIB_INTERFACE=RANK_INTERFACE)
+                argv = netns_argv(space, *command)
+            ranks[rank] = subprocess.Popen(argv, env=env)
             pidfds[os.pidfd_open(ranks[rank].pid)] = rank
         # A pidfd turns readable when its process exits: wait on all without polling.
         while pidfds:
@@ -452,7 +540,9 @@ def _stop(processes: Sequence[subprocess.Popen[bytes]], grace: float) -> None:
             process.wait()
 
 
-def cmd_spawn(n: int, program: str, args: Sequence[str], transport: str = "shm") -> int:
+def cmd_spawn(
+    n: int, program: str, args: Sequence[str], transport: str = "shm", netns: bool = False
+) -> int:
     """What ``stacklib spawn`` runs (the CLI wires its arguments here).
 
     SIGTERM to the launcher becomes an exit through :func:`spawn`'s clean-up, so killing the
@@ -464,7 +554,7 @@ def cmd_spawn(n: int, program: str, args: Sequence[str], transport: str = "shm")
 
     previous = signal.signal(signal.SIGTERM, terminate)
     try:
-        return spawn(n, program, args, transport=transport)
+        return spawn(n, program, args, transport=transport, netns=netns)
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -475,7 +565,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_arguments(parser)
     parsed = parser.parse_args(argv)
     try:
-        return cmd_spawn(parsed.n, parsed.program, parsed.args, parsed.transport)
+        return cmd_spawn(parsed.n, parsed.program, parsed.args, parsed.transport, parsed.netns)
     except LaunchError as error:
         print(f"stacklib spawn: {error}", file=sys.stderr)
         return 2
@@ -485,7 +575,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add spawn's arguments to an argparse parser (``stacklib spawn`` and ``-m``)."""
     parser.add_argument("-n", type=int, required=True, metavar="N", help="number of ranks")
     parser.add_argument(
-        "--transport", choices=["shm", "udp"], default="shm", help="how ranks connect"
+        "--transport", choices=SPAWN_TRANSPORTS, default="shm", help="how ranks connect (shm)"
+    )
+    parser.add_argument(
+        "--netns",
+        action="store_true",
+        help="each rank in a network namespace of its own, the namespaces bridged (root; "
+        "needed for ether and xdp)",
     )
     parser.add_argument("program", metavar="PROGRAM", help="a Python file or module name")
     parser.add_argument("args", metavar="ARGS", nargs=argparse.REMAINDER, help="its arguments")

@@ -27,12 +27,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 from stacklib.errors import StacklibError
 
 __all__ = [
+    "RANK_INTERFACE",
     "NetnsError",
+    "bridged_namespaces",
     "capability_problem",
     "links",
     "namespaces",
@@ -204,6 +206,34 @@ def veth_pair(
             _ip(*inside, "address", "add", address, "dev", name)
         _ip(*inside, "link", "set", "dev", name, "up")
     return name_a, name_b
+
+
+#: The interface every rank of :func:`bridged_namespaces` has in its namespace.
+RANK_INTERFACE = "sl0"
+
+
+def bridged_namespaces(
+    stack: ExitStack, n: int, name_prefix: str = "slrank"
+) -> tuple[list[str], list[str]]:
+    """``n`` namespaces, each with one veth (:data:`RANK_INTERFACE`, addressed, up) whose
+    other end is on a bridge in a hub namespace: one Ethernet segment, like a switch between
+    hosts.  Returns the namespaces and their IPv4 addresses (in a /24 per calling process,
+    so two runs at once do not meet); ``stack`` deletes everything when it closes."""
+    if not 1 <= n <= 250:
+        raise ValueError(f"bridged_namespaces takes 1..250 namespaces, not {n}")
+    hub = stack.enter_context(netns(name_prefix))
+    spaces = [stack.enter_context(netns(name_prefix)) for _ in range(n)]
+    # The bridge and the hub ends of the veths go when the hub namespace is deleted.
+    run_in(hub, "ip", "link", "add", "slbr", "type", "bridge")
+    run_in(hub, "ip", "link", "set", "slbr", "up")
+    subnet = f"10.97.{os.getpid() % 250}"
+    addresses = [f"{subnet}.{rank + 1}" for rank in range(n)]
+    for rank, space in enumerate(spaces):
+        _, port = veth_pair(
+            space, hub, f"{addresses[rank]}/24", None, name_a=RANK_INTERFACE, name_b=f"sl{rank}"
+        )
+        run_in(hub, "ip", "link", "set", port, "master", "slbr")
+    return spaces, addresses
 
 
 # ---------------------------------------------------------------------- a minimal ping

@@ -10,7 +10,9 @@
 processes started like ``stacklib spawn``, which run the compiled hot path of ``stacklib
 compile`` where there is a copy (``--pure``: never).  ``--transport udp --netns`` puts each
 rank in its own network namespace, the namespaces joined by a bridge (needs CAP_NET_ADMIN;
-everything is deleted afterwards).  ``table1`` simulates the runs of paper 003 Table 1 in a
+everything is deleted afterwards); ``--transport xdp --netns`` runs the same ranks over
+AF_XDP on their namespace's interface (root; xdp has one node per interface, so on one host
+it needs ``--netns``).  ``table1`` simulates the runs of paper 003 Table 1 in a
 process pool (stacklib.experiments.splitc.run_cells), at scaled sizes unless ``--full``, and
 compares the total wall time with the 814 s the 1996 clusters took.  docs/splitc.md describes
 the programs.
@@ -35,7 +37,7 @@ from stacklib.commands._common import seconds_type, sizes_type
 if TYPE_CHECKING:
     from stacklib.experiments.splitc import CellResult
 
-REAL = ("shm", "udp")
+REAL = ("shm", "udp", "xdp")
 
 
 def _print(benchmark: str, transport: str, n: int, rows: list[tuple[bool, float, float]]) -> int:
@@ -103,8 +105,15 @@ def rank_environment(pure: bool) -> dict[str, str]:
 def _run_real(args: argparse.Namespace) -> int:
     from stacklib.launch import spawn
 
-    if args.netns and args.transport != "udp":
-        print(f"stacklib splitc: --netns applies to udp, not {args.transport}", file=sys.stderr)
+    if args.netns and args.transport == "shm":
+        print("stacklib splitc: --netns applies to udp and xdp, not shm", file=sys.stderr)
+        return 2
+    if args.transport == "xdp" and not args.netns:
+        print(
+            "stacklib splitc: xdp has one node per interface: on one host the ranks need a "
+            "namespace each (--netns)",
+            file=sys.stderr,
+        )
         return 2
     environment = rank_environment(args.pure)
     rank_args = [args.benchmark, f"--seed={args.seed}"]
@@ -141,31 +150,16 @@ def _run_real(args: argparse.Namespace) -> int:
 NETNS_PREFIX = "slsplitc"
 
 
-def _bridged_namespaces(stack: contextlib.ExitStack, n: int) -> tuple[list[str], list[str]]:
-    """``n`` namespaces, each with one veth whose other end is on a bridge in a hub namespace
-    (one Ethernet segment, like the paper's switch); returns the namespaces and addresses."""
-    from stacklib.netns import netns, run_in, veth_pair
-
-    hub = stack.enter_context(netns(NETNS_PREFIX))
-    spaces = [stack.enter_context(netns(NETNS_PREFIX)) for _ in range(n)]
-    # The bridge and the hub ends of the veths go when the hub namespace is deleted.
-    run_in(hub, "ip", "link", "add", "slbr", "type", "bridge")
-    run_in(hub, "ip", "link", "set", "slbr", "up")
-    # A subnet per coordinator process, so two runs at once do not meet.
-    subnet = f"10.97.{os.getpid() % 250}"
-    addresses = [f"{subnet}.{rank + 1}" for rank in range(n)]
-    for rank, space in enumerate(spaces):
-        _, port = veth_pair(
-            space, hub, f"{addresses[rank]}/24", None, name_a="sc0", name_b=f"sc{rank}"
-        )
-        run_in(hub, "ip", "link", "set", port, "master", "slbr")
-    return spaces, addresses
-
-
 def _run_netns(args: argparse.Namespace, rank_args: list[str], environment: dict[str, str]) -> int:
-    """Run the ranks over udp, each in its own network namespace; namespaces, rendezvous
-    directory and ranks are gone when this returns, also on failure."""
-    from stacklib.netns import NetnsError, capability_problem, netns_argv
+    """Run the ranks over udp or xdp, each in its own network namespace; namespaces,
+    rendezvous directory and ranks are gone when this returns, also on failure."""
+    from stacklib.netns import (
+        RANK_INTERFACE,
+        NetnsError,
+        bridged_namespaces,
+        capability_problem,
+        netns_argv,
+    )
 
     problem = capability_problem()
     if problem is not None:
@@ -179,7 +173,7 @@ def _run_netns(args: argparse.Namespace, rank_args: list[str], environment: dict
         rendezvous = tempfile.mkdtemp(prefix="stacklib-splitc-", dir=base)
         stack.callback(shutil.rmtree, rendezvous, True)
         try:
-            spaces, addresses = _bridged_namespaces(stack, args.n)
+            spaces, addresses = bridged_namespaces(stack, args.n, NETNS_PREFIX)
         except NetnsError as exc:
             print(f"stacklib splitc: {exc}", file=sys.stderr)
             return 2
@@ -193,8 +187,9 @@ def _run_netns(args: argparse.Namespace, rank_args: list[str], environment: dict
                 STACKLIB_RANK=str(rank),
                 STACKLIB_SIZE=str(args.n),
                 STACKLIB_RENDEZVOUS=rendezvous,
-                STACKLIB_TRANSPORT="udp",
+                STACKLIB_TRANSPORT=args.transport,
                 STACKLIB_HOST=addresses[rank],
+                STACKLIB_INTERFACE=RANK_INTERFACE,
             )
             command = [sys.executable, "-m", "stacklib.bench.splitc.rank", *rank_args]
             ranks.append(
@@ -212,7 +207,8 @@ def _run_netns(args: argparse.Namespace, rank_args: list[str], environment: dict
         return status or 1
     table = json.loads(lines[-1])
     rows = [(bool(r[0]), float(r[1]), float(r[2])) for r in table]
-    return _print(args.benchmark, "udp (netns)", args.n, rows) or _counters(table) or status
+    label = f"{args.transport} (netns)"
+    return _print(args.benchmark, label, args.n, rows) or _counters(table) or status
 
 
 def _wait_all(ranks: list[subprocess.Popen[bytes]], timeout: float) -> int:
@@ -447,7 +443,7 @@ def add_commands(commands: argparse._SubParsersAction[Any]) -> None:
         "--transport",
         default="memory",
         help="memory, sim-atm, sim-fe, a machine (unet-atm, atm-003, fe-003, cm5, meiko), "
-        "shm or udp",
+        "shm, udp or xdp (with --netns)",
     )
     run.add_argument("--small", action="store_true", help="test sizes instead of the paper's")
     run.add_argument(
@@ -457,7 +453,7 @@ def add_commands(commands: argparse._SubParsersAction[Any]) -> None:
     run.add_argument(
         "--netns",
         action="store_true",
-        help="udp: each rank in its own network namespace, joined by a bridge (needs root)",
+        help="udp, xdp: each rank in its own network namespace, joined by a bridge (needs root)",
     )
     run.add_argument(
         "--timeout",

@@ -502,8 +502,14 @@ def run_recipe(
     """Run a recipe's workload and return its result.
 
     ``seed`` overrides the recipe's; ``workload_params`` replaces its workload parameters;
-    ``pcap`` names a capture file for the transport's links (simulated transports).
+    ``pcap`` names a capture file for the transport's links (simulated transports).  A
+    recipe on a one-node-per-process transport (ether, xdp) runs as ranks instead
+    (:func:`stacklib.recipes.ranks.run_rank`); here it is a :class:`ConfigError` saying how.
     """
+    if recipe.transport.per_process:
+        from stacklib.recipes.ranks import not_a_rank
+
+        raise ConfigError(str(recipe.path), "transport.kind", not_a_rank(recipe))
     run_seed = recipe.run.seed if seed is None else seed
     params = recipe.workload_params if workload_params is None else workload_params
     if recipe.run.clock == "virtual":

@@ -52,6 +52,9 @@ class TransportKind:
     #: Makes the nodes' bottom services for a transport without U-Net endpoints (None: the
     #: recipe opens an endpoint per node and connects every pair).
     open_nodes: NodeOpener | None = None
+    #: One node per process (ether, xdp: one node per interface): a recipe on it runs as one
+    #: rank per node, each in its own process (stacklib.recipes.ranks).
+    per_process: bool = False
 
 
 #: Every transport recipes can name (built-ins, entry points in ``stacklib.transports``,

@@ -294,5 +294,6 @@ register_transport(
         build=_build,
         description="U-Net/FE frames on raw Ethernet via AF_PACKET (needs CAP_NET_RAW)",
         clock="real",
+        per_process=True,
     )
 )

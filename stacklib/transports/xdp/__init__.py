@@ -100,5 +100,6 @@ register_transport(
         build=_build,
         description="U-Net/FE frames over AF_XDP sockets and an XDP program (root to set up)",
         clock="real",
+        per_process=True,
     )
 )

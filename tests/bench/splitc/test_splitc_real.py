@@ -55,10 +55,13 @@ def test_a_pure_run_over_shm(capsys: pytest.CaptureFixture[str]) -> None:
     assert "ranks run the pure Python modules" in captured.err
 
 
-def test_netns_applies_to_udp_only(capsys: pytest.CaptureFixture[str]) -> None:
+def test_netns_applies_to_udp_and_xdp_only(capsys: pytest.CaptureFixture[str]) -> None:
     status = cli_main(["splitc", "run", "mm4x4", "--transport", "shm", "--netns", "--small"])
     assert status == 2
-    assert "--netns applies to udp, not shm" in capsys.readouterr().err
+    assert "--netns applies to udp and xdp, not shm" in capsys.readouterr().err
+    status = cli_main(["splitc", "run", "mm4x4", "--transport", "xdp", "--small"])
+    assert status == 2
+    assert "namespace each (--netns)" in capsys.readouterr().err
 
 
 def test_netns_without_the_capability_says_why(
