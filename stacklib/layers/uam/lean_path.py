@@ -25,7 +25,7 @@ import trio.lowlevel
 from stacklib.compiled import mypyc_attr
 from stacklib.layers.uam.paths import ExecutionPath, Task
 from stacklib.unet import Endpoint
-from stacklib.unet.polled import PolledNI
+from stacklib.unet.polled import PolledNI, relax
 
 if TYPE_CHECKING:
     from stacklib.layers.uam.service import UamService
@@ -138,7 +138,10 @@ class LeanPath(ExecutionPath):
             # sender pay a wake-up system call.
             spin = self._spin
             deadline = time.perf_counter() + spin
+            spins = 0
             while (now := time.perf_counter()) < deadline or now < self._last_poll + spin:
+                spins += 1
+                relax(spins)  # a peer sharing this CPU runs now, not after our time slice
                 await trio.lowlevel.checkpoint()
                 if service._closed or self._absorb():
                     break

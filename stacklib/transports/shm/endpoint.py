@@ -8,7 +8,6 @@ peer's ring.  Blocking calls poll for ``spin_time`` seconds with trio checkpoint
 
 from __future__ import annotations
 
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +16,7 @@ import trio
 from stacklib.errors import PeerGone, SegmentError
 from stacklib.transports.shm.link import ShmLink
 from stacklib.unet.endpoint import Endpoint, Message
+from stacklib.unet.polled import relax as relax
 from stacklib.wire.descriptor import DescriptorStatus, Fragment, SendDescriptor
 
 if TYPE_CHECKING:
@@ -199,15 +199,3 @@ class ShmEndpoint(Endpoint):
                 continue
             link.reported = True
             raise PeerGone(f"{self!r} channel {entry.id}: {link.failed}")
-
-
-def relax(spins: int) -> None:
-    """Call from a busy-poll loop after each empty poll, with a running count.
-
-    Every 64th empty poll gives the CPU away (``sched_yield``): when both processes of a
-    channel land on one CPU (2 cores and other load), the peer then runs within tens of
-    microseconds instead of after a whole scheduler time slice.  Across CPUs it costs one
-    system call per 64 empty polls, and none while messages flow.
-    """
-    if spins & 63 == 0:
-        os.sched_yield()

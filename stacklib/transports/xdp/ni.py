@@ -32,7 +32,7 @@ from stacklib.transports.socket_ni import HandleNI
 from stacklib.transports.xdp.xsk import XDP_PACKET_HEADROOM, XskSocket
 from stacklib.unet.endpoint import Channel, DropReason, Endpoint, Message
 from stacklib.unet.ni import Payload
-from stacklib.unet.polled import PolledEndpoint
+from stacklib.unet.polled import PolledEndpoint, relax
 from stacklib.wire import unet_eth
 from stacklib.wire.descriptor import DescriptorStatus, SendDescriptor
 
@@ -368,9 +368,12 @@ class XdpEndpoint(PolledEndpoint):
             return message
         ni = self.ni
         deadline = time.perf_counter() + ni.spin_time
+        spins = 0
         while True:
             self.check_open()
             if time.perf_counter() < deadline:
+                spins += 1
+                relax(spins)  # a peer sharing this CPU runs now, not after our time slice
                 await trio.lowlevel.checkpoint()
             else:
                 await ni.idle_wait()
