@@ -1,6 +1,6 @@
 """The measurement harness between two processes on a real transport (paper 000 §4).
 
-``stacklib bench pingpong|bandwidth|logp --transport shm|udp|ether|memory`` runs the same
+``stacklib bench pingpong|bandwidth|logp --transport shm|udp|ether|xdp|memory`` runs the same
 workload code as a recipe run (:func:`~stacklib.bench.pingpong.pingpong`,
 :func:`~stacklib.bench.bandwidth.bandwidth`, :func:`~stacklib.bench.logp.logp`), but with its
 two sides in two processes: rank 0 measures (the workload's client side, with the other side
@@ -13,12 +13,19 @@ is pinned to its own CPU when there are two (the U-Net case: two applications, t
 * ``udp``: two processes over loopback; with ``netns=True`` two network namespaces joined by a
   veth pair (root needed).
 * ``ether``: two namespaces joined by a veth pair, U-Net/FE frames over AF_PACKET (root).
+* ``xdp``: the same, over AF_XDP sockets (root); measured busy-polling (``xdp``), sleeping in
+  trio's ``await`` (``xdp-trio``), and so with both ranks on one CPU (``xdp-trio-1cpu``).
 * ``memory``: both sides in this process (the memory transport cannot cross processes).
 
 ``compare=True`` then runs the same workload between the same two processes over kernel sockets
-(trio UDP, and TCP with a 4-byte length prefix per message, :class:`KernelUdpService`,
-:class:`KernelTcpService`) on the same addresses, and adds each row's gain: kernel time over
-U-Net time for times, U-Net rate over kernel rate for bandwidths (above 1: U-Net is better).
+(trio UDP, and TCP with a 4-byte length prefix per message: :mod:`~stacklib.bench.kernel_paths`)
+on the same addresses, and adds each row's gain: kernel time over U-Net time for times, U-Net
+rate over kernel rate for bandwidths (above 1: U-Net is better).  For xdp it also runs the
+kernel at its best, a ping-pong over blocking UDP sockets without trio with the ranks on two
+CPUs and on one (``kernel-udp-blocking-2cpu``, ``-1cpu``; ping-pong only: the bandwidth and
+LogP harness needs trio's timeouts), and the ether transport once the XDP program has left
+(it takes the 0x88B5 frames while attached); every row's gain is then against the best
+kernel row at its size (:func:`combine_best`).
 
 The coordinator (this process) relays a line protocol between the ranks' stdin and stdout so
 that the phases run one at a time: rank 1 prints ``ready NAME`` once it serves on service
@@ -37,7 +44,7 @@ import subprocess
 import sys
 import tempfile
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -297,13 +304,14 @@ async def _in_process(workload: str, params: Any, compare: bool) -> dict[str, Re
 def phases(
     transport: str, workload: str, compare: bool, cpus: Sequence[int | None] = (0, 1)
 ) -> list[str]:
-    """The paths measured, in order: U-Net's (xdp: busy-polling, then ``await`` in trio),
-    then with ``compare`` the kernel's (for xdp: the blocking ping-pong on two CPUs when
-    ``cpus`` are two, and on one; trio UDP and TCP; and the ether transport, last, once the
-    XDP program has left the interfaces)."""
+    """The paths measured, in order: U-Net's (xdp: busy-polling, then ``await`` in trio, on
+    two CPUs and, when ``cpus`` are two, on one), then with ``compare`` the kernel's (for xdp:
+    the blocking ping-pong on two CPUs and on one; trio UDP and TCP; and the ether transport,
+    last, once the XDP program has left the interfaces).  A ``-1cpu`` path runs both ranks on
+    rank 0's CPU."""
     if transport != "xdp":
         return [transport, *(KERNEL if compare else ())]
-    names = ["xdp", "xdp-trio"]
+    names = ["xdp", "xdp-trio"] + (["xdp-trio-1cpu"] if cpus[0] is not None else [])
     if compare:
         if workload == "pingpong":
             names += BLOCKING if cpus[0] is not None else BLOCKING[1:]
@@ -510,7 +518,8 @@ async def _rank_main(
             if name.startswith("xdp"):
                 # Busy-polling (paper 000 §3.1) spins without end; trio's await sleeps at once.
                 me.endpoint.ni.spin_time = math.inf if name == "xdp" else 0.0  # type: ignore[attr-defined]
-            await _phase(config, name, params, unet, peer)
+            with _cpu_of(config, name):
+                await _phase(config, name, params, unet, peer)
             continue
         if config["transport"] == "xdp":
             close_unet()  # the XDP program leaves: the kernel's paths run without it
@@ -551,25 +560,32 @@ async def _blocking_phase(config: Mapping[str, Any], name: str, params: Any) -> 
     from stacklib.launch import publish, wait_for
 
     rank, host, rendezvous = config["rank"], config["host"], config["rendezvous"]
-    cpus = config["cpus"]
     with blocking_socket(host, _RECEIVE_TIMEOUT) as sock:
         if rank == 1:
             publish(rendezvous, rank, f"{host}:{sock.getsockname()[1]}", name)
-            one_cpu = name.endswith("-1cpu") and cpus[0] is not None
-            if one_cpu:
-                os.sched_setaffinity(0, {cpus[0]})
-            try:
+            with _cpu_of(config, name):
                 _say("ready", name)
                 blocking_echo(sock)
-            finally:
-                if one_cpu:
-                    os.sched_setaffinity(0, {cpus[1]})
             await _line()  # "next"
         else:
             await _line()  # "go"
             peer_host, _, port = wait_for(rendezvous, 1, 30.0, name).rpartition(":")
             result = blocking_pingpong(sock, (peer_host, int(port)), params)
             _say("result", name, json.dumps(result.to_dict()))
+
+
+@contextlib.contextmanager
+def _cpu_of(config: Mapping[str, Any], name: str) -> Iterator[None]:
+    """For a ``-1cpu`` path, rank 1 runs on rank 0's CPU (this thread: the one that works)."""
+    cpus = config["cpus"]
+    if not (name.endswith("-1cpu") and config["rank"] == 1 and cpus[0] is not None):
+        yield
+        return
+    os.sched_setaffinity(0, {cpus[0]})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, {cpus[1]})
 
 
 def _environment(config: Mapping[str, Any], transport: str, rendezvous: str) -> dict[str, str]:

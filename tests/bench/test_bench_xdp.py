@@ -59,8 +59,9 @@ def test_a_round_trip_row_carries_median_and_p99() -> None:
 
 
 def test_the_phases_of_xdp() -> None:
-    assert phases("xdp", "pingpong", False) == ["xdp", "xdp-trio"]
-    assert phases("xdp", "pingpong", True) == ["xdp", "xdp-trio", *BLOCKING, *KERNEL, "ether"]
+    unet = ["xdp", "xdp-trio", "xdp-trio-1cpu"]
+    assert phases("xdp", "pingpong", False) == unet
+    assert phases("xdp", "pingpong", True) == [*unet, *BLOCKING, *KERNEL, "ether"]
     # One CPU: no two-CPU row; bandwidth and logp have no blocking ping-pong.
     assert phases("xdp", "pingpong", True, (None, None)) == [
         "xdp",
@@ -69,7 +70,7 @@ def test_the_phases_of_xdp() -> None:
         *KERNEL,
         "ether",
     ]
-    assert phases("xdp", "logp", True) == ["xdp", "xdp-trio", *KERNEL, "ether"]
+    assert phases("xdp", "logp", True) == [*unet, *KERNEL, "ether"]
     assert phases("shm", "pingpong", True) == ["shm", *KERNEL]
 
 
@@ -208,8 +209,9 @@ def test_pingpong_over_xdp_against_the_kernel() -> None:
 @pytest.mark.slow
 def test_bandwidth_over_xdp_against_the_kernel() -> None:
     given = {"sizes": (64,), "messages": 40, "warmup": 2, "modes": ("pingpong",)}
-    paths = _run("bandwidth", given)
-    assert list(paths) == ["xdp", "xdp-trio", *KERNEL, "ether"]
+    workload = "bandwidth"
+    paths = _run(workload, given)
+    assert list(paths) == phases("xdp", workload, True, remote._cpus())
     for rows in paths.values():
         (row,) = rows
         assert row["mode"] == "pingpong" and row["received"] == 40
@@ -219,8 +221,9 @@ def test_bandwidth_over_xdp_against_the_kernel() -> None:
 @pytest.mark.slow
 def test_logp_over_xdp_against_the_kernel() -> None:
     given = {"sizes": (16,), "messages": 20, "delay_factors": (1.0, 2.0)}
-    paths = _run("logp", given)
-    assert list(paths) == ["xdp", "xdp-trio", *KERNEL, "ether"]
+    workload = "logp"
+    paths = _run(workload, given)
+    assert list(paths) == phases("xdp", workload, True, remote._cpus())
     for rows in paths.values():
         (row,) = rows
         assert row["rtt_half_us"] > 0  # type: ignore[operator]
