@@ -516,8 +516,7 @@ async def _rank_main(
     for name in names:
         if name == config["transport"] or name.startswith("xdp"):
             if name.startswith("xdp"):
-                # Busy-polling (paper 000 §3.1) spins without end; trio's await sleeps at once.
-                me.endpoint.ni.spin_time = math.inf if name == "xdp" else 0.0  # type: ignore[attr-defined]
+                _set_spin(me, math.inf if name == "xdp" else 0.0)
             with _cpu_of(config, name):
                 await _phase(config, name, params, unet, peer)
             continue
@@ -534,6 +533,17 @@ async def _rank_main(
                 await _phase(config, name, params, UNetService(ether.endpoint), to)
         else:  # pragma: no cover (phases() names only the above)
             raise AssertionError(f"no phase {name!r}")
+
+
+def _set_spin(me: Rank, seconds: float) -> None:
+    """How long the xdp endpoint's ``await recv()`` polls before it sleeps: busy-polling
+    (paper 000 §3.1) spins without end, trio's ``await`` sleeps at once."""
+    from stacklib.transports.xdp import XdpNI
+
+    ni = me.endpoint.ni
+    if not isinstance(ni, XdpNI):
+        raise TypeError(f"the xdp paths need an xdp node, got {type(ni).__name__}")
+    ni.spin_time = seconds
 
 
 async def _phase(
