@@ -390,21 +390,26 @@ def _add_bench(commands: argparse._SubParsersAction[Any]) -> None:
         b.add_argument("recipe", metavar="RECIPE", nargs="?", help="recipe name or path")
         b.add_argument(
             "--transport",
-            choices=["shm", "udp", "ether", "memory"],
+            choices=["shm", "udp", "ether", "xdp", "memory"],
             help="instead of a recipe: raw U-Net between two processes (shm, udp over "
-            "loopback), two network namespaces (ether, udp --netns; root), or in this "
+            "loopback), two network namespaces (ether, xdp, udp --netns; root), or in this "
             "process (memory)",
         )
         b.add_argument(
             "--compare",
+            nargs="?",
+            const="kernel",
             choices=["kernel"],
             help="with --transport: also run over kernel UDP and TCP sockets between the "
-            "same two processes and print the gains",
+            "same two processes and print the gains (the value may be left out: kernel); "
+            "with xdp also the kernel at its best (blocking UDP, the ranks on two CPUs and "
+            "on one) and the ether transport",
         )
         b.add_argument(
             "--netns",
             action="store_true",
-            help="with --transport udp: two network namespaces joined by a veth (root)",
+            help="with --transport udp: two network namespaces joined by a veth (root; "
+            "ether and xdp always use them)",
         )
         b.add_argument("--sizes", type=int, nargs="+", help="message sizes in bytes")
         if name in ("pingpong", "logp"):

@@ -7,16 +7,18 @@ virtual time on a simulated NI and real time on a real transport.
 
 from __future__ import annotations
 
+import math
 import statistics as stats
 import time
 import typing
+from collections.abc import Sequence
 
 import attrs
 import trio
 import trio.lowlevel
 
 from stacklib.bench.params import check_sizes, count_valid, sizes_valid
-from stacklib.bench.result import Column, Result
+from stacklib.bench.result import Cell, Column, Result
 from stacklib.bench.workload import Session, WorkloadKind, register_workload
 from stacklib.services import DatagramService, UNetService
 
@@ -30,6 +32,49 @@ class PingPongParams:
     )
     iterations: int = attrs.field(default=1000, validator=count_valid(1))
     warmup: int = attrs.field(default=10, validator=count_valid(0))
+
+
+def percentile(samples: Sequence[float], fraction: float) -> float:
+    """The nearest-rank percentile of ``samples`` (not empty): the smallest sample that at
+    least ``fraction`` of them do not exceed."""
+    ordered = sorted(samples)
+    return ordered[max(0, min(len(ordered), math.ceil(fraction * len(ordered))) - 1)]
+
+
+def round_trip_row(size: int, samples: Sequence[float]) -> dict[str, Cell]:
+    """One size's row from its round-trip times in seconds (not empty): mean, min, median and
+    99th percentile in microseconds, and round trips per second."""
+    mean = stats.fmean(samples)
+    return {
+        "size": size,
+        "rtt_us": mean * 1e6,
+        "min_us": min(samples) * 1e6,
+        "median_us": stats.median(samples) * 1e6,
+        "p99_us": percentile(samples, 0.99) * 1e6,
+        "round_trips_per_s": 1.0 / mean if mean > 0 else None,
+    }
+
+
+def round_trip_result(rows: list[dict[str, Cell]], messages: int, wall: float) -> Result:
+    """The ping-pong table of ``rows`` (:func:`round_trip_row`), ``messages`` sent in all in
+    ``wall`` seconds."""
+    return Result(
+        title="ping-pong round-trip time",
+        columns=[
+            Column("size", "size", "bytes"),
+            Column("rtt_us", "RTT mean", "us", 2),
+            Column("min_us", "RTT min", "us", 2),
+            Column("median_us", "RTT median", "us", 2),
+            Column("p99_us", "RTT p99", "us", 2),
+            Column("round_trips_per_s", "round trips/s", "", 0),
+        ],
+        rows=rows,
+        facts={
+            "messages": messages,
+            "wall_seconds": wall,
+            "messages_per_wall_second": messages / wall if wall > 0 else None,
+        },
+    )
 
 
 async def echo(service: DatagramService) -> None:
@@ -55,7 +100,7 @@ async def pingpong(
     A size above ``client.max_message`` raises :class:`~stacklib.errors.ConfigError` before
     anything is sent."""
     check_sizes(params.sizes, client.max_message)
-    rows = []
+    rows: list[dict[str, Cell]] = []
     wall_start = time.perf_counter()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(echo, server)
@@ -86,35 +131,11 @@ async def pingpong(
                     samples.append(now() - start)
                     if reply != message:
                         raise RuntimeError(f"ping-pong reply of {len(reply)} bytes differs")
-            mean = stats.fmean(samples)
-            rows.append(
-                {
-                    "size": size,
-                    "rtt_us": mean * 1e6,
-                    "min_us": min(samples) * 1e6,
-                    "median_us": stats.median(samples) * 1e6,
-                    "round_trips_per_s": 1.0 / mean if mean > 0 else None,
-                }
-            )
+            rows.append(round_trip_row(size, samples))
         nursery.cancel_scope.cancel()
     wall = time.perf_counter() - wall_start
     messages = 2 * (params.iterations + params.warmup) * len(params.sizes)
-    return Result(
-        title="ping-pong round-trip time",
-        columns=[
-            Column("size", "size", "bytes"),
-            Column("rtt_us", "RTT mean", "us", 2),
-            Column("min_us", "RTT min", "us", 2),
-            Column("median_us", "RTT median", "us", 2),
-            Column("round_trips_per_s", "round trips/s", "", 0),
-        ],
-        rows=rows,
-        facts={
-            "messages": messages,
-            "wall_seconds": wall,
-            "messages_per_wall_second": messages / wall if wall > 0 else None,
-        },
-    )
+    return round_trip_result(rows, messages, wall)
 
 
 async def _run_pingpong(session: Session, params: PingPongParams) -> Result:

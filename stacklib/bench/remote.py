@@ -1,6 +1,6 @@
 """The measurement harness between two processes on a real transport (paper 000 §4).
 
-``stacklib bench pingpong|bandwidth|logp --transport shm|udp|ether|memory`` runs the same
+``stacklib bench pingpong|bandwidth|logp --transport shm|udp|ether|xdp|memory`` runs the same
 workload code as a recipe run (:func:`~stacklib.bench.pingpong.pingpong`,
 :func:`~stacklib.bench.bandwidth.bandwidth`, :func:`~stacklib.bench.logp.logp`), but with its
 two sides in two processes: rank 0 measures (the workload's client side, with the other side
@@ -13,12 +13,19 @@ is pinned to its own CPU when there are two (the U-Net case: two applications, t
 * ``udp``: two processes over loopback; with ``netns=True`` two network namespaces joined by a
   veth pair (root needed).
 * ``ether``: two namespaces joined by a veth pair, U-Net/FE frames over AF_PACKET (root).
+* ``xdp``: the same, over AF_XDP sockets (root); measured busy-polling (``xdp``), sleeping in
+  trio's ``await`` (``xdp-trio``), and so with both ranks on one CPU (``xdp-trio-1cpu``).
 * ``memory``: both sides in this process (the memory transport cannot cross processes).
 
 ``compare=True`` then runs the same workload between the same two processes over kernel sockets
-(trio UDP, and TCP with a 4-byte length prefix per message, :class:`KernelUdpService`,
-:class:`KernelTcpService`) on the same addresses, and adds each row's gain: kernel time over
-U-Net time for times, U-Net rate over kernel rate for bandwidths (above 1: U-Net is better).
+(trio UDP, and TCP with a 4-byte length prefix per message: :mod:`~stacklib.bench.kernel_paths`)
+on the same addresses, and adds each row's gain: kernel time over U-Net time for times, U-Net
+rate over kernel rate for bandwidths (above 1: U-Net is better).  For xdp it also runs the
+kernel at its best, a ping-pong over blocking UDP sockets without trio with the ranks on two
+CPUs and on one (``kernel-udp-blocking-2cpu``, ``-1cpu``; ping-pong only: the bandwidth and
+LogP harness needs trio's timeouts), and the ether transport once the XDP program has left
+(it takes the 0x88B5 frames while attached); every row's gain is then against the best
+kernel row at its size (:func:`combine_best`).
 
 The coordinator (this process) relays a line protocol between the ranks' stdin and stdout so
 that the phases run one at a time: rank 1 prints ``ready NAME`` once it serves on service
@@ -29,25 +36,36 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import select
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
 import trio
 
 from stacklib.bench.bandwidth import BandwidthParams, Follower, bandwidth
+from stacklib.bench.kernel_paths import (
+    KERNEL,
+    KernelTcpService,
+    KernelUdpService,
+    blocking_echo,
+    blocking_pingpong,
+    blocking_socket,
+    kernel_pair,
+    kernel_services,
+)
 from stacklib.bench.logp import LogPParams, logp
 from stacklib.bench.pingpong import PingPongParams, echo, pingpong
 from stacklib.bench.result import Cell, Column, Result
 from stacklib.errors import StacklibError
+from stacklib.launch import Rank, bootstrap
 from stacklib.services import DatagramService, UNetService
 from stacklib.sim.world import RealWorld
 
@@ -60,10 +78,16 @@ __all__ = [
     "RemoteBenchError",
     "bench_transport",
     "combine",
+    "combine_best",
+    "phases",
 ]
 
-TRANSPORTS = ("memory", "shm", "udp", "ether")
-KERNEL = ("kernel-udp", "kernel-tcp")
+#: The old private name of :func:`~stacklib.bench.kernel_paths.kernel_pair`.
+_kernel_pair = kernel_pair
+
+TRANSPORTS = ("memory", "shm", "udp", "ether", "xdp")
+#: The blocking kernel UDP ping-pong: the ranks on two CPUs, then both on one.
+BLOCKING = ("kernel-udp-blocking-2cpu", "kernel-udp-blocking-1cpu")
 WORKLOADS: dict[str, type[Any]] = {
     "pingpong": PingPongParams,
     "bandwidth": BandwidthParams,
@@ -76,10 +100,9 @@ _METRIC = {
     "bandwidth": ("mb_s", False),
     "logp": ("rtt_half_us", True),
 }
-#: Kernel datagrams: the largest UDP payload over IPv4.
-_UDP_MAX = 65507
-_LENGTH = struct.Struct(">I")
 _PHASE_TIMEOUT = 600.0
+#: Seconds a blocking kernel socket waits for one datagram before it gives up.
+_RECEIVE_TIMEOUT = 5.0
 
 
 class RemoteBenchError(StacklibError):
@@ -113,71 +136,6 @@ class Elsewhere(DatagramService):
     async def recv(self) -> tuple[int, bytes]:
         await trio.sleep_forever()
         raise AssertionError("unreachable")  # pragma: no cover
-
-
-class KernelUdpService(DatagramService):
-    """Messages as kernel UDP datagrams (trio sockets) to one peer address; peer id 0."""
-
-    kind = "kernel-udp"
-
-    def __init__(self, sock: trio.socket.SocketType, peer: tuple[str, int]) -> None:
-        self._sock = sock
-        self._peer = peer
-
-    @property
-    def peers(self) -> Sequence[int]:
-        return (0,)
-
-    @property
-    def max_message(self) -> int:
-        return _UDP_MAX
-
-    async def send(self, peer: int, data: bytes | bytearray | memoryview) -> None:
-        await self._sock.sendto(data, self._peer)
-
-    async def recv(self) -> tuple[int, bytes]:
-        while True:
-            data, source = await self._sock.recvfrom(_UDP_MAX)
-            if source[:2] == self._peer:
-                return 0, data
-
-
-class KernelTcpService(DatagramService):
-    """Messages over one kernel TCP connection, each with a 4-byte length; peer id 0.  TCP is
-    reliable, so nothing is ever lost; sends from several tasks are serialised."""
-
-    kind = "kernel-tcp"
-
-    def __init__(self, stream: trio.SocketStream) -> None:
-        self._stream = stream
-        self._lock = trio.Lock()
-        self._buffer = bytearray()
-
-    @property
-    def peers(self) -> Sequence[int]:
-        return (0,)
-
-    @property
-    def max_message(self) -> int:
-        return 1 << 24
-
-    async def send(self, peer: int, data: bytes | bytearray | memoryview) -> None:
-        async with self._lock:
-            await self._stream.send_all(_LENGTH.pack(len(data)) + bytes(data))
-
-    async def recv(self) -> tuple[int, bytes]:
-        buffer = self._buffer
-        while True:
-            if len(buffer) >= 4:
-                (length,) = _LENGTH.unpack_from(buffer)
-                if len(buffer) >= 4 + length:
-                    data = bytes(buffer[4 : 4 + length])
-                    del buffer[: 4 + length]
-                    return 0, data
-            chunk = await self._stream.receive_some(1 << 20)
-            if not chunk:
-                raise trio.EndOfChannel
-            buffer += chunk
 
 
 # ==================================================================== the two sides
@@ -254,6 +212,57 @@ def _gain(ours: Cell, theirs: Cell, is_time: bool) -> float | None:
     return numerator / denominator if denominator > 0 else None
 
 
+def combine_best(transport: str, workload: str, results: Mapping[str, Result]) -> Result:
+    """One table: each path's rows, each with its gain over the kernel at its best, the best
+    of the ``kernel*`` paths at the same mode and size (itself among them: a kernel row's gain
+    is at most 1)."""
+    metric, is_time = _METRIC[workload]
+    best: dict[tuple[Cell, Cell], tuple[float, str]] = {}
+    for path, result in results.items():
+        if not path.startswith("kernel"):
+            continue
+        for row in result.rows:
+            value, key = row.get(metric), (row.get("mode"), row.get("size"))
+            if not isinstance(value, int | float) or value <= 0:
+                continue
+            held = best.get(key)
+            if held is None or (value < held[0] if is_time else value > held[0]):
+                best[key] = (float(value), path)
+    rows: list[dict[str, Cell]] = []
+    for path, result in results.items():
+        for row in result.rows:
+            held = best.get((row.get("mode"), row.get("size")))
+            gain = _gain(row.get(metric), held[0], is_time) if held is not None else None
+            rows.append({"path": path, **row, "gain": gain})
+    first = next(iter(results.values()))
+    facts: dict[str, Cell] = dict(first.facts)
+    facts["transport"] = transport
+    facts["kernel_best"] = ", ".join(
+        f"{'/'.join(str(part) for part in key if part is not None)}: {path}"
+        for key, (_, path) in best.items()
+    )
+    measure = (
+        f"the kernel's best {metric} / the path's"
+        if is_time
+        else (f"the path's {metric} / the kernel's best")
+    )
+    return Result(
+        title=f"{first.title}: {transport} vs the kernel at its best, same two processes, one run",
+        columns=[
+            Column("path", "path"),
+            *first.columns,
+            Column("gain", "gain vs kernel best", "x", 2),
+        ],
+        rows=rows,
+        facts=facts,
+        notes=(
+            *first.notes,
+            f"gain: {measure}, the best of the kernel-* rows at the same size (kernel_best); "
+            "above 1: the path beats the kernel at its best",
+        ),
+    )
+
+
 def _titled(result: Result, transport: str, where: str) -> Result:
     return attrs.evolve(
         result,
@@ -263,26 +272,6 @@ def _titled(result: Result, transport: str, where: str) -> Result:
 
 
 # ==================================================================== in one process (memory)
-
-
-async def _kernel_pair(host: str) -> tuple[list[DatagramService], list[DatagramService]]:
-    """Kernel UDP and TCP services joining two sides in this process: ([udp], [tcp])."""
-    socks = []
-    for _ in range(2):
-        sock = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM)
-        await sock.bind((host, 0))
-        socks.append(sock)
-    udp: list[DatagramService] = [
-        KernelUdpService(socks[0], socks[1].getsockname()[:2]),
-        KernelUdpService(socks[1], socks[0].getsockname()[:2]),
-    ]
-    listeners = await trio.open_tcp_listeners(0, host=host)
-    port = listeners[0].socket.getsockname()[1]
-    client = await trio.open_tcp_stream(host, port)
-    server = await listeners[0].accept()
-    for listener in listeners:
-        await listener.aclose()
-    return udp, [KernelTcpService(client), KernelTcpService(server)]
 
 
 async def _in_process(workload: str, params: Any, compare: bool) -> dict[str, Result]:
@@ -298,7 +287,7 @@ async def _in_process(workload: str, params: Any, compare: bool) -> dict[str, Re
         ("memory", UNetService(ep_a), UNetService(ep_b), ch_a)
     ]
     if compare:
-        udp, tcp = await _kernel_pair("127.0.0.1")
+        udp, tcp = await kernel_pair("127.0.0.1")
         paths += [(KERNEL[0], udp[0], udp[1], 0), (KERNEL[1], tcp[0], tcp[1], 0)]
     results = {}
     for name, near, far, peer in paths:
@@ -312,6 +301,24 @@ async def _in_process(workload: str, params: Any, compare: bool) -> dict[str, Re
 # ==================================================================== two processes
 
 
+def phases(
+    transport: str, workload: str, compare: bool, cpus: Sequence[int | None] = (0, 1)
+) -> list[str]:
+    """The paths measured, in order: U-Net's (xdp: busy-polling, then ``await`` in trio, on
+    two CPUs and, when ``cpus`` are two, on one), then with ``compare`` the kernel's (for xdp:
+    the blocking ping-pong on two CPUs and on one; trio UDP and TCP; and the ether transport,
+    last, once the XDP program has left the interfaces).  A ``-1cpu`` path runs both ranks on
+    rank 0's CPU."""
+    if transport != "xdp":
+        return [transport, *(KERNEL if compare else ())]
+    names = ["xdp", "xdp-trio"] + (["xdp-trio-1cpu"] if cpus[0] is not None else [])
+    if compare:
+        if workload == "pingpong":
+            names += BLOCKING if cpus[0] is not None else BLOCKING[1:]
+        names += [*KERNEL, "ether"]
+    return names
+
+
 def bench_transport(
     workload: str,
     params: Any,
@@ -322,23 +329,39 @@ def bench_transport(
     timeout: float = _PHASE_TIMEOUT,
 ) -> Result:
     """Run ``workload`` with ``params`` between two processes over ``transport`` (see the
-    module docstring); with ``compare``, also over kernel UDP and TCP, in the same run."""
+    module docstring); with ``compare``, also over the kernel's paths, in the same run."""
     if transport not in TRANSPORTS:
         raise ValueError(f"no transport {transport!r} (known: {', '.join(TRANSPORTS)})")
     if workload not in WORKLOADS:
         raise ValueError(f"no workload {workload!r} (known: {', '.join(WORKLOADS)})")
-    if netns and transport not in ("udp", "ether"):
-        raise ValueError(f"--netns applies to udp and ether, not {transport}")
+    if netns and transport not in ("udp", "ether", "xdp"):
+        raise ValueError(f"--netns applies to udp, ether and xdp, not {transport}")
     if transport == "memory":
         results = trio.run(_in_process, workload, params, compare)
         where = "both sides in this process"
     else:
-        namespaces = netns or transport == "ether"
+        if transport == "xdp":
+            _check_xdp()
+        namespaces = netns or transport in ("ether", "xdp")
         results = _two_processes(workload, params, transport, compare, namespaces, timeout)
         where = "two network namespaces joined by a veth pair" if namespaces else "two processes"
+    if compare and transport == "xdp":
+        return combine_best(transport, workload, results)
     if compare:
         return combine(transport, workload, results)
+    if transport == "xdp":
+        return combine_best(transport, workload, results)  # two rows per size, no kernel
     return _titled(results[transport], transport, where)
+
+
+def _check_xdp() -> None:
+    from stacklib.netns import capability_problem
+    from stacklib.transports.xdp.bpf import bpf_problem
+    from stacklib.transports.xdp.xsk import xdp_problem
+
+    problem = capability_problem() or bpf_problem() or xdp_problem()
+    if problem is not None:
+        raise RemoteBenchError(f"the xdp transport cannot run here: {problem}")
 
 
 def _cpus() -> list[int | None]:
@@ -353,17 +376,20 @@ def _two_processes(
         base = "/dev/shm" if os.path.isdir("/dev/shm") else None
         rendezvous = tempfile.mkdtemp(prefix="stacklib-bench-", dir=base)
         stack.callback(shutil.rmtree, rendezvous, True)
+        os.mkdir(os.path.join(rendezvous, "ether"))  # the ether phase's own bootstrap
         hosts = ["127.0.0.1", "127.0.0.1"]
         interfaces: list[str | None] = [None, None]
         where: list[str | None] = [None, None]
         if namespaces:
             where, hosts, interfaces = _namespaces(stack)
         cpus = _cpus()
+        paths = phases(transport, workload, compare, cpus)
         config = {
             "workload": workload,
             "params": attrs.asdict(params),
             "transport": transport,
-            "compare": compare,
+            "phases": paths,
+            "cpus": cpus,
             "rendezvous": rendezvous,
         }
         ranks = []
@@ -381,7 +407,6 @@ def _two_processes(
             stack.callback(_reap, process)
             ranks.append(process)
         server, client = ranks
-        paths = [transport, *(KERNEL if compare else ())]
         results: dict[str, Result] = {}
         for name in paths:
             _expect(server, "ready", name, timeout)
@@ -400,7 +425,9 @@ def _namespaces(
 
     problem = capability_problem()
     if problem is not None:
-        raise RemoteBenchError(f"two network namespaces are needed (udp --netns, ether): {problem}")
+        raise RemoteBenchError(
+            f"two network namespaces are needed (udp --netns, ether, xdp): {problem}"
+        )
     spaces = [stack.enter_context(netns("slbench")) for _ in range(2)]
     # A subnet per coordinator process, so two runs at once do not meet.
     subnet = f"10.96.{os.getpid() % 250}"
@@ -474,77 +501,123 @@ async def _line() -> str:
     return line.strip()
 
 
-async def _kernel_services(
-    rank: int, host: str, rendezvous: str, timeout: float
-) -> list[tuple[str, DatagramService]]:
-    """This rank's kernel UDP and TCP services to the other rank (addresses swapped through
-    the rendezvous directory, as the bootstrap does)."""
-    from stacklib.launch import publish, wait_for
-
-    other = 1 - rank
-    sock = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM)
-    await sock.bind((host, 0))
-    publish(rendezvous, rank, f"{host}:{sock.getsockname()[1]}", "kudp")
-    listeners = []
-    if rank == 1:
-        listeners = await trio.open_tcp_listeners(0, host=host)
-        publish(rendezvous, rank, f"{host}:{listeners[0].socket.getsockname()[1]}", "ktcp")
-    udp_host, _, udp_port = (
-        await trio.to_thread.run_sync(wait_for, rendezvous, other, timeout, "kudp")
-    ).rpartition(":")
-    if rank == 0:
-        text = await trio.to_thread.run_sync(wait_for, rendezvous, other, timeout, "ktcp")
-        tcp_host, _, tcp_port = text.rpartition(":")
-        stream = await trio.open_tcp_stream(tcp_host, int(tcp_port))
-    else:
-        stream = await listeners[0].accept()
-        for listener in listeners:
-            await listener.aclose()
-    return [
-        (KERNEL[0], KernelUdpService(sock, (udp_host, int(udp_port)))),
-        (KERNEL[1], KernelTcpService(stream)),
-    ]
-
-
-async def _rank_main(config: Mapping[str, Any], service: DatagramService, peer: int) -> None:
+async def _rank_main(
+    config: Mapping[str, Any], me: Rank, close_unet: typing.Callable[[], None]
+) -> None:
     rank = config["rank"]
     workload = config["workload"]
     params = make_params(workload, config["params"])
-    paths: list[tuple[str, DatagramService, int]] = [(config["transport"], service, peer)]
-    if config["compare"]:
-        kernel = await _kernel_services(rank, config["host"], config["rendezvous"], 30.0)
-        paths += [(name, each, 0) for name, each in kernel]
-    for name, each, to in paths:
+    names: list[str] = config["phases"]
+    kernel: dict[str, DatagramService] = {}
+    if any(name in KERNEL for name in names):
+        kernel = dict(await kernel_services(rank, config["host"], config["rendezvous"], 30.0))
+    unet = UNetService(me.endpoint)
+    peer = me.channels[1 - rank]
+    for name in names:
+        if name == config["transport"] or name.startswith("xdp"):
+            if name.startswith("xdp"):
+                _set_spin(me, math.inf if name == "xdp" else 0.0)
+            with _cpu_of(config, name):
+                await _phase(config, name, params, unet, peer)
+            continue
+        if config["transport"] == "xdp":
+            close_unet()  # the XDP program leaves: the kernel's paths run without it
+        if name in KERNEL:
+            await _phase(config, name, params, kernel[name], 0)
+        elif name in BLOCKING:
+            await _blocking_phase(config, name, params)
+        elif name == "ether":
+            env = _environment(config, "ether", os.path.join(config["rendezvous"], "ether"))
+            with bootstrap(env) as ether:
+                to = ether.channels[1 - rank]
+                await _phase(config, name, params, UNetService(ether.endpoint), to)
+        else:  # pragma: no cover (phases() names only the above)
+            raise AssertionError(f"no phase {name!r}")
+
+
+def _set_spin(me: Rank, seconds: float) -> None:
+    """How long the xdp endpoint's ``await recv()`` polls before it sleeps: busy-polling
+    (paper 000 §3.1) spins without end, trio's ``await`` sleeps at once."""
+    from stacklib.transports.xdp import XdpNI
+
+    ni = me.endpoint.ni
+    if not isinstance(ni, XdpNI):
+        raise TypeError(f"the xdp paths need an xdp node, got {type(ni).__name__}")
+    ni.spin_time = seconds
+
+
+async def _phase(
+    config: Mapping[str, Any], name: str, params: Any, service: DatagramService, peer: int
+) -> None:
+    """One path: rank 1 serves until told ``next``, rank 0 measures when told ``go``."""
+    workload = config["workload"]
+    if config["rank"] == 1:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(follow, workload, service, params)
+            _say("ready", name)
+            await _line()  # "next"
+            nursery.cancel_scope.cancel()
+    else:
+        await _line()  # "go"
+        result = await lead(workload, service, peer, params)
+        _say("result", name, json.dumps(result.to_dict()))
+
+
+async def _blocking_phase(config: Mapping[str, Any], name: str, params: Any) -> None:
+    """The blocking kernel UDP ping-pong: no trio between the two system calls of a message
+    (the calls below block the whole event loop, on purpose).  ``-1cpu``: rank 1 moves to
+    rank 0's CPU for the phase."""
+    from stacklib.launch import publish, wait_for
+
+    rank, host, rendezvous = config["rank"], config["host"], config["rendezvous"]
+    with blocking_socket(host, _RECEIVE_TIMEOUT) as sock:
         if rank == 1:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(follow, workload, each, params)
+            publish(rendezvous, rank, f"{host}:{sock.getsockname()[1]}", name)
+            with _cpu_of(config, name):
                 _say("ready", name)
-                await _line()  # "next"
-                nursery.cancel_scope.cancel()
+                blocking_echo(sock)
+            await _line()  # "next"
         else:
             await _line()  # "go"
-            result = await lead(workload, each, to, params)
+            peer_host, _, port = wait_for(rendezvous, 1, 30.0, name).rpartition(":")
+            result = blocking_pingpong(sock, (peer_host, int(port)), params)
             _say("result", name, json.dumps(result.to_dict()))
+
+
+@contextlib.contextmanager
+def _cpu_of(config: Mapping[str, Any], name: str) -> Iterator[None]:
+    """For a ``-1cpu`` path, rank 1 runs on rank 0's CPU (this thread: the one that works)."""
+    cpus = config["cpus"]
+    if not (name.endswith("-1cpu") and config["rank"] == 1 and cpus[0] is not None):
+        yield
+        return
+    os.sched_setaffinity(0, {cpus[0]})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, {cpus[1]})
+
+
+def _environment(config: Mapping[str, Any], transport: str, rendezvous: str) -> dict[str, str]:
+    return {
+        "STACKLIB_RANK": str(config["rank"]),
+        "STACKLIB_SIZE": "2",
+        "STACKLIB_RENDEZVOUS": rendezvous,
+        "STACKLIB_TRANSPORT": transport,
+        "STACKLIB_HOST": config["host"] or "127.0.0.1",
+        "STACKLIB_INTERFACE": config["interface"] or "",
+    }
 
 
 def rank_main(config: Mapping[str, Any]) -> int:
     """One rank (``python -m stacklib.bench.remote CONFIG``): bootstrap, then the phases."""
-    from stacklib.launch import bootstrap
-
     try:
         if config.get("cpu") is not None:
             os.sched_setaffinity(0, {config["cpu"]})
-        env = {
-            "STACKLIB_RANK": str(config["rank"]),
-            "STACKLIB_SIZE": "2",
-            "STACKLIB_RENDEZVOUS": config["rendezvous"],
-            "STACKLIB_TRANSPORT": config["transport"],
-            "STACKLIB_HOST": config["host"] or "127.0.0.1",
-            "STACKLIB_INTERFACE": config["interface"] or "",
-        }
-        with bootstrap(env) as me:
-            peer = me.channels[1 - config["rank"]]
-            trio.run(_rank_main, config, UNetService(me.endpoint), peer)
+        env = _environment(config, config["transport"], config["rendezvous"])
+        with contextlib.ExitStack() as stack:
+            me = stack.enter_context(bootstrap(env))
+            trio.run(_rank_main, config, me, stack.close)
     except Exception as error:  # reported to the coordinator, which raises it
         leaf: BaseException = error
         while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:

@@ -73,7 +73,7 @@ def test_misuse_is_named() -> None:
     params = make_params("pingpong", {})
     with pytest.raises(ValueError, match="no transport 'carrier-pigeon'"):
         bench_transport("pingpong", params, "carrier-pigeon")
-    with pytest.raises(ValueError, match="--netns applies to udp and ether"):
+    with pytest.raises(ValueError, match="--netns applies to udp, ether and xdp"):
         bench_transport("pingpong", params, "shm", netns=True)
     with pytest.raises(ValueError, match="no workload 'tcp-stream'"):
         make_params("tcp-stream", {})
@@ -143,7 +143,7 @@ def test_ether_bootstrap_needs_an_interface(tmp_path: object) -> None:
     }
     with pytest.raises(LaunchError, match="needs STACKLIB_INTERFACE"):
         bootstrap(env)
-    with pytest.raises(LaunchError, match="knows shm, udp and ether"):
+    with pytest.raises(LaunchError, match="knows shm, udp, ether and xdp"):
         bootstrap({**env, "STACKLIB_TRANSPORT": "carrier-pigeon"})
 
 

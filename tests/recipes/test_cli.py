@@ -113,7 +113,7 @@ def test_bench_workload_on_a_transport() -> None:
         (["pingpong"], "give a RECIPE or --transport"),
         (["pingpong", "unet-memory-pingpong", "--transport", "shm"], "not both"),
         (["pingpong", "unet-memory-pingpong", "--compare", "kernel"], "apply to --transport runs"),
-        (["pingpong", "--transport", "shm", "--netns"], "--netns applies to udp and ether"),
+        (["pingpong", "--transport", "shm", "--netns"], "--netns applies to udp, ether and xdp"),
         (["pingpong", "--transport", "memory", "--sizes", "-1"], "pingpong"),
     ],
 )
