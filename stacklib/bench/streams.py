@@ -28,7 +28,7 @@ import trio
 
 from stacklib.bench import Session, WorkloadKind, register_workload
 from stacklib.bench.params import check_sizes, count_valid, sizes_valid
-from stacklib.bench.result import Column, Result
+from stacklib.bench.result import Cell, Column, Result
 from stacklib.layers.ip.service import IpService, UdpService
 from stacklib.layers.ip.wire import IPV4_HEADER_SIZE
 from stacklib.services import Service, StreamService
@@ -158,7 +158,8 @@ class TcpStreamParams:
     request: int = attrs.field(default=4, validator=attrs.validators.ge(1))
 
 
-async def _receive_exactly(stream: trio.abc.ReceiveStream, nbytes: int) -> bytes:
+async def receive_exactly(stream: trio.abc.ReceiveStream, nbytes: int) -> bytes:
+    """Exactly ``nbytes`` from ``stream``; a stream that ends first is a broken resource."""
     got = bytearray()
     while len(got) < nbytes:
         chunk = await stream.receive_some(nbytes - len(got))
@@ -173,57 +174,62 @@ def _segments_out(service: Service) -> int:
     return value if isinstance(value, int) else 0
 
 
-async def run_tcp_stream(session: Session, params: TcpStreamParams) -> Result:
-    """Bulk transfer node 0 -> node 1 on one connection, then request/response round trips."""
-    client = typing.cast(StreamService, session.services[0])
-    server = typing.cast(StreamService, session.services[1])
-    address = _ip_of(server).address
-    peer = int(ipaddress.IPv4Address(address))  # the StreamService peer of TCP
-    now = trio.current_time
+async def serve_tcp_stream(server: StreamService, params: TcpStreamParams) -> int:
+    """The receiving side of ``tcp-stream``: take one connection, read ``params.size`` bytes,
+    say so with one byte, then echo requests until the sender closes.  Returns bytes read."""
     received = 0
+    _, stream = await server.accept()
+    async with stream:
+        while received < params.size:
+            data = await stream.receive_some(65536)
+            if not data:
+                raise trio.BrokenResourceError(f"stream ended after {received} bytes")
+            received += len(data)
+        await stream.send_all(b"\x01")
+        while request := await stream.receive_some(params.request):
+            request += await receive_exactly(stream, params.request - len(request))
+            await stream.send_all(request)
+    return received
 
-    async def serve() -> None:
-        nonlocal received
-        _, stream = await server.accept()
-        async with stream:
-            while received < params.size:
-                data = await stream.receive_some(65536)
-                if not data:
-                    raise trio.BrokenResourceError(f"stream ended after {received} bytes")
-                received += len(data)
-            await stream.send_all(b"\x01")
-            while request := await stream.receive_some(params.request):
-                request += await _receive_exactly(stream, params.request - len(request))
-                await stream.send_all(request)
 
-    wall_start = time.perf_counter()
+async def drive_tcp_stream(
+    client: StreamService, peer: int, params: TcpStreamParams
+) -> tuple[float, list[float], int]:
+    """The sending side of ``tcp-stream`` towards ``peer``: the transfer's seconds (to the
+    receiver's one-byte answer), the request/response round trips, and the segments the
+    client sent during the transfer."""
+    now = trio.current_time
     segments_before = _segments_out(client)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(serve)
-        stream = await client.connect(peer)
-        async with stream:
-            block = bytes(i & 0xFF for i in range(params.chunk))
-            start = now()
-            remaining = params.size
-            while remaining > 0:
-                piece = block if remaining >= params.chunk else block[:remaining]
-                await stream.send_all(piece)
-                remaining -= len(piece)
-            await _receive_exactly(stream, 1)
-            elapsed = now() - start
-            segments = _segments_out(client) - segments_before
-            request = bytes(params.request)
-            samples = []
-            for _ in range(params.rtt_iterations):
-                t0 = now()
-                await stream.send_all(request)
-                await _receive_exactly(stream, params.request)
-                samples.append(now() - t0)
-            await stream.send_eof()
-            await stream.receive_some(1)  # the server's close
-    wall = time.perf_counter() - wall_start
+    stream = await client.connect(peer)
+    async with stream:
+        block = bytes(i & 0xFF for i in range(params.chunk))
+        start = now()
+        remaining = params.size
+        while remaining > 0:
+            piece = block if remaining >= params.chunk else block[:remaining]
+            await stream.send_all(piece)
+            remaining -= len(piece)
+        await receive_exactly(stream, 1)
+        elapsed = now() - start
+        segments = _segments_out(client) - segments_before
+        request = bytes(params.request)
+        samples = []
+        for _ in range(params.rtt_iterations):
+            t0 = now()
+            await stream.send_all(request)
+            await receive_exactly(stream, params.request)
+            samples.append(now() - t0)
+        await stream.send_eof()
+        await stream.receive_some(1)  # the receiver's close
+    return elapsed, samples, segments
+
+
+def tcp_stream_result(
+    params: TcpStreamParams, elapsed: float, samples: list[float], facts: dict[str, Cell]
+) -> Result:
+    """The ``tcp-stream`` table from the sending side's measurements."""
     mb_per_s = params.size / elapsed / 1e6 if elapsed > 0 else None
-    row = {
+    row: dict[str, Cell] = {
         "size": params.size,
         "chunk": params.chunk,
         "seconds": elapsed,
@@ -244,14 +250,34 @@ async def run_tcp_stream(session: Session, params: TcpStreamParams) -> Result:
             Column("rtt_min_us", "RTT min", "us", 2),
         ],
         rows=[row],
-        facts={
-            "server": address,
-            "received": received,
-            "segments_sent_by_node0": segments,
-            "wall_seconds": wall,
-        },
+        facts=facts,
         notes=["MB/s are 10^6 bytes per second, to node 1's read of the last byte"],
     )
+
+
+async def run_tcp_stream(session: Session, params: TcpStreamParams) -> Result:
+    """Bulk transfer node 0 -> node 1 on one connection, then request/response round trips."""
+    client = typing.cast(StreamService, session.services[0])
+    server = typing.cast(StreamService, session.services[1])
+    address = _ip_of(server).address
+    peer = int(ipaddress.IPv4Address(address))  # the StreamService peer of TCP
+    received = 0
+
+    async def serve() -> None:
+        nonlocal received
+        received = await serve_tcp_stream(server, params)
+
+    wall_start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve)
+        elapsed, samples, segments = await drive_tcp_stream(client, peer, params)
+    facts: dict[str, Cell] = {
+        "server": address,
+        "received": received,
+        "segments_sent_by_node0": segments,
+        "wall_seconds": time.perf_counter() - wall_start,
+    }
+    return tcp_stream_result(params, elapsed, samples, facts)
 
 
 UDP_PINGPONG = register_workload(

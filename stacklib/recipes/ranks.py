@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import statistics as stats
 import time
 import typing
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -35,7 +34,7 @@ import attrs
 import trio
 
 from stacklib.bench import Result, Session
-from stacklib.bench.result import Column
+from stacklib.bench.result import Cell
 from stacklib.errors import ConfigError
 from stacklib.launch import (
     LAUNCHER_VARIABLES,
@@ -189,87 +188,30 @@ async def _udp_pingpong(session: RankSession) -> Result | None:
     return await run_udp_pingpong(both, session.params)
 
 
-async def _exactly(stream: trio.abc.ReceiveStream, nbytes: int) -> bytes:
-    got = bytearray()
-    while len(got) < nbytes:
-        chunk = await stream.receive_some(nbytes - len(got))
-        if not chunk:
-            raise trio.BrokenResourceError(f"stream ended after {len(got)} of {nbytes} bytes")
-        got += chunk
-    return bytes(got)
-
-
 async def _tcp_stream(session: RankSession) -> Result | None:
-    """The ``tcp-stream`` workload's two sides (stacklib.bench.streams.run_tcp_stream runs
-    both in one process): rank 0 sends, rank 1 receives and answers the requests."""
+    """The ``tcp-stream`` workload's two sides (:func:`~stacklib.bench.streams.run_tcp_stream`
+    runs both in one process): rank 0 sends, rank 1 receives and answers the requests."""
+    from stacklib.bench.streams import drive_tcp_stream, serve_tcp_stream, tcp_stream_result
+
     tcp = typing.cast(StreamService, session.service)
     params = session.params
     if session.rank != 0:
 
         async def serve() -> None:
-            received = 0
-            _, stream = await tcp.accept()
-            async with stream:
-                while received < params.size:
-                    data = await stream.receive_some(65536)
-                    if not data:
-                        raise trio.BrokenResourceError(f"stream ended after {received} bytes")
-                    received += len(data)
-                await stream.send_all(b"\x01")
-                while request := await stream.receive_some(params.request):
-                    request += await _exactly(stream, params.request - len(request))
-                    await stream.send_all(request)
+            await serve_tcp_stream(tcp, params)
 
         await _serve_until_done(session, serve)
         return None
     address = session.address_of(1)
-    now = trio.current_time
     wall_start = time.perf_counter()
-    stream = await tcp.connect(int(ipaddress.IPv4Address(address)))
-    async with stream:
-        block = bytes(i & 0xFF for i in range(params.chunk))
-        start = now()
-        remaining = params.size
-        while remaining > 0:
-            piece = block if remaining >= params.chunk else block[:remaining]
-            await stream.send_all(piece)
-            remaining -= len(piece)
-        await _exactly(stream, 1)  # rank 1 has every byte
-        elapsed = now() - start
-        request = bytes(params.request)
-        samples = []
-        for _ in range(params.rtt_iterations):
-            t0 = now()
-            await stream.send_all(request)
-            await _exactly(stream, params.request)
-            samples.append(now() - t0)
-        await stream.send_eof()
-        await stream.receive_some(1)  # rank 1's close
-    mb_per_s = params.size / elapsed / 1e6 if elapsed > 0 else None
-    row = {
-        "size": params.size,
-        "chunk": params.chunk,
-        "seconds": elapsed,
-        "mb_per_s": mb_per_s,
-        "mbit_per_s": mb_per_s * 8 if mb_per_s is not None else None,
-        "rtt_us": stats.fmean(samples) * 1e6 if samples else None,
-        "rtt_min_us": min(samples) * 1e6 if samples else None,
+    peer = int(ipaddress.IPv4Address(address))
+    elapsed, samples, segments = await drive_tcp_stream(tcp, peer, params)
+    facts: dict[str, Cell] = {
+        "server": address,
+        "segments_sent_by_node0": segments,
+        "wall_seconds": time.perf_counter() - wall_start,
     }
-    return Result(
-        title="TCP bulk transfer and request/response",
-        columns=[
-            Column("size", "size", "bytes"),
-            Column("chunk", "write", "bytes"),
-            Column("seconds", "time", "s", 4),
-            Column("mb_per_s", "bandwidth", "MB/s", 2),
-            Column("mbit_per_s", "bandwidth", "Mbit/s", 1),
-            Column("rtt_us", f"{params.request}-byte RTT mean", "us", 2),
-            Column("rtt_min_us", "RTT min", "us", 2),
-        ],
-        rows=[row],
-        facts={"server": address, "wall_seconds": time.perf_counter() - wall_start},
-        notes=["MB/s are 10^6 bytes per second, to rank 1's read of the last byte"],
-    )
+    return tcp_stream_result(params, elapsed, samples, facts)
 
 
 async def _splitc(session: RankSession) -> Result | None:

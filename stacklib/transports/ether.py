@@ -72,6 +72,23 @@ class EtherAddress:
         return f"{self.mac}/{self.port}"
 
 
+def remote_mac(ni: object, own_mac: bytes, endpoint: Endpoint, remote: object) -> bytes:
+    """The MAC address of ``remote``, a U-Net/FE endpoint a channel from ``endpoint`` (of
+    ``ni``, whose MAC is ``own_mac``) may reach; :class:`ChannelError` naming the problem
+    otherwise (not an :class:`EtherAddress`, a bad MAC, a port beyond one byte, ourselves)."""
+    if not isinstance(remote, EtherAddress):
+        raise ChannelError(f"{ni!r} cannot reach {remote!r}: not an EtherAddress")
+    try:
+        mac = unet_eth.mac(remote.mac)
+    except ValueError as error:
+        raise ChannelError(f"{ni!r}: {error}") from None
+    if not 0 <= remote.port <= 0xFF or not 0 <= endpoint.port <= 0xFF:
+        raise ChannelError(f"{ni!r}: U-Net/FE ports are one byte, got {remote}")
+    if mac == own_mac:
+        raise ChannelError(f"{ni!r}: {remote} is this node's own MAC address")
+    return mac
+
+
 def open_packet_socket(interface: str, ethertype: int = ETH_P_UNET) -> socket.socket:
     """A non-blocking raw packet socket on ``interface`` receiving only ``ethertype`` frames."""
     sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ethertype))
@@ -116,18 +133,9 @@ class EtherNI(SocketNI):
         return EtherAddress(self.mac, endpoint.port)
 
     def tags(self, endpoint: Endpoint, remote: object) -> tuple[Hashable, Hashable]:
-        if not isinstance(remote, EtherAddress):
-            raise ChannelError(f"{self!r} cannot reach {remote!r}: not an EtherAddress")
-        try:
-            mac = unet_eth.mac(remote.mac)
-        except ValueError as error:
-            raise ChannelError(f"{self!r}: {error}") from None
-        if not 0 <= remote.port <= 0xFF or not 0 <= endpoint.port <= 0xFF:
-            raise ChannelError(f"{self!r}: U-Net/FE ports are one byte, got {remote}")
-        if mac == self._mac_bytes:
-            raise ChannelError(f"{self!r}: {remote} is this node's own MAC address")
+        mac = remote_mac(self, self._mac_bytes, endpoint, remote)
         # Sent: destination MAC and port.  Received: source MAC and our port (paper 001 §3.1).
-        return (mac, remote.port), (mac, endpoint.port)
+        return (mac, remote.port), (mac, endpoint.port)  # type: ignore[attr-defined]
 
     def transmit(
         self, endpoint: Endpoint, channel: Channel, descriptor: SendDescriptor, data: Payload

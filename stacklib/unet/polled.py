@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import os
+import time
 
 import trio
 
@@ -88,13 +89,23 @@ class PolledEndpoint(Endpoint):
         return descriptor
 
     async def recv(self) -> Message:
+        """Wait for a message: poll for the NI's ``spin_time`` seconds with checkpoints (giving
+        the CPU away now and then, :func:`relax`), then sleep in ``idle_wait``."""
         await trio.lowlevel.checkpoint_if_cancelled()
         message = self.poll()
         if message is not None:
             await trio.lowlevel.cancel_shielded_checkpoint()
             return message
+        ni = self.ni
+        deadline = time.perf_counter() + ni.spin_time if ni.spin_time else 0.0
+        spins = 0
         while message is None:
             self.check_open()
-            await self.ni.idle_wait()
+            if deadline and time.perf_counter() < deadline:
+                spins += 1
+                relax(spins)  # a peer sharing this CPU runs now, not after our time slice
+                await trio.lowlevel.checkpoint()
+            else:
+                await ni.idle_wait()
             message = self.poll()
         return message

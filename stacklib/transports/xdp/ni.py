@@ -19,7 +19,6 @@ from __future__ import annotations
 import fcntl
 import socket
 import struct
-import time
 from collections.abc import Hashable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -27,12 +26,12 @@ import trio
 
 from stacklib.errors import ChannelError
 from stacklib.sim import Host
-from stacklib.transports.ether import EtherAddress
+from stacklib.transports.ether import EtherAddress, remote_mac
 from stacklib.transports.socket_ni import HandleNI
 from stacklib.transports.xdp.xsk import XDP_PACKET_HEADROOM, XskSocket
 from stacklib.unet.endpoint import Channel, DropReason, Endpoint, Message
 from stacklib.unet.ni import Payload
-from stacklib.unet.polled import PolledEndpoint, relax
+from stacklib.unet.polled import PolledEndpoint
 from stacklib.wire import unet_eth
 from stacklib.wire.descriptor import DescriptorStatus, SendDescriptor
 
@@ -143,19 +142,11 @@ class XdpNI(HandleNI):
             self.grants.revoke(endpoint.port)
 
     def tags(self, endpoint: Endpoint, remote: object) -> tuple[Hashable, Hashable]:
-        if not isinstance(remote, EtherAddress):
-            raise ChannelError(f"{self!r} cannot reach {remote!r}: not an EtherAddress")
-        try:
-            mac = unet_eth.mac(remote.mac)
-        except ValueError as error:
-            raise ChannelError(f"{self!r}: {error}") from None
-        if not 0 <= remote.port <= 0xFF:
-            raise ChannelError(f"{self!r}: U-Net/FE ports are one byte, got {remote}")
-        if mac == self._mac_bytes:
-            raise ChannelError(f"{self!r}: {remote} is this node's own MAC address")
+        mac = remote_mac(self, self._mac_bytes, endpoint, remote)
+        port: int = remote.port  # type: ignore[attr-defined]
         # Sent: the frame's fixed first 14 bytes and the port; received: (source, our port).
         prefix = mac + self._mac_bytes + _ETHERTYPE
-        return (prefix, remote.port), (mac, endpoint.port)
+        return (prefix, port), (mac, endpoint.port)
 
     # ---------------------------------------------------------------- send path
     def transmit(
@@ -276,7 +267,7 @@ class XdpNI(HandleNI):
 
 
 class XdpEndpoint(PolledEndpoint):
-    """An endpoint whose calls run the NI; ``await recv()`` spins, then sleeps.
+    """An endpoint whose calls run the NI; ``await recv()`` spins ``spin_time``, then sleeps.
 
     Fast paths, as on shm: with nothing queued, ``send_nowait`` writes the frame straight from
     the caller's bytes into a UMEM send buffer, and ``poll`` copies the next frame of the RX
@@ -358,28 +349,6 @@ class XdpEndpoint(PolledEndpoint):
             ni._batching = False
             ni.flush()
         return taken
-
-    async def recv(self) -> Message:
-        """Wait for a message: poll for ``spin_time`` seconds with checkpoints, then sleep."""
-        await trio.lowlevel.checkpoint_if_cancelled()
-        message = self.poll()
-        if message is not None:
-            await trio.lowlevel.cancel_shielded_checkpoint()
-            return message
-        ni = self.ni
-        deadline = time.perf_counter() + ni.spin_time
-        spins = 0
-        while True:
-            self.check_open()
-            if time.perf_counter() < deadline:
-                spins += 1
-                relax(spins)  # a peer sharing this CPU runs now, not after our time slice
-                await trio.lowlevel.checkpoint()
-            else:
-                await ni.idle_wait()
-            message = self.poll()
-            if message is not None:
-                return message
 
 
 XdpNI.endpoint_class = XdpEndpoint
