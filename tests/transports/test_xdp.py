@@ -396,3 +396,33 @@ def test_zero_copy_is_used_where_offered_and_refused_clearly_where_not(
     finally:
         opened.sock.close()
         os.close(opened.umem_fd)
+
+
+def test_batches_both_ways_keep_order_and_stop_at_other_endpoints_frames(
+    pair: tuple[XdpNetwork, XdpNetwork],
+) -> None:
+    """send_many writes a batch in one pass; recv_many takes this endpoint's frames at the
+    head of RX in one pass and leaves the rest to the general path, so every message reaches
+    its endpoint once and in order.  An oversized message refuses the whole batch."""
+    ep_a, ep_b, ch_a, _ = endpoints(*pair)
+    node_a, node_b = pair[0].nodes["a"], pair[1].nodes["b"]
+    # A second pair of endpoints (one channel per remote host and endpoint in U-Net/FE).
+    ep_d = node_a.os.create_endpoint(node_a.os.process("w"), port=4)
+    ep_c = node_b.os.create_endpoint(node_b.os.process("z"), port=3)
+    node_b.os.create_channel(ep_c.owner, ep_c, ep_d.address)
+    ch_dc = node_a.os.create_channel(ep_d.owner, ep_d, ep_c.address)
+    first = [b"b%d" % i for i in range(5)]
+    second = [b"b%d" % i for i in range(5, 10)]
+    assert ep_a.send_many(ch_a, first) == 5  # type: ignore[attr-defined]
+    assert ep_d.send_many(ch_dc, [b"c0"]) == 1  # type: ignore[attr-defined]
+    assert ep_a.send_many(ch_a, iter(second)) == 5  # type: ignore[attr-defined]
+    with pytest.raises(UNetError, match="exceeds"):
+        ep_a.send_many(ch_a, [b"fine", bytes(ep_a.ni.max_message + 1)])  # type: ignore[attr-defined]
+    got: list[bytes] = []
+    deadline = time.monotonic() + 5
+    while len(got) < 10 and time.monotonic() < deadline:
+        got += [m.data for m in ep_b.recv_many(64)]  # type: ignore[attr-defined]
+    assert got == first + second
+    assert [m.data for m in ep_c.recv_many()] == [b"c0"]  # type: ignore[attr-defined]
+    assert ep_b.recv_many() == [] and ep_b.received == 10  # type: ignore[attr-defined]
+    assert ep_a.sent == 10 and ep_d.sent == 1

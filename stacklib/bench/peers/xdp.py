@@ -194,15 +194,17 @@ def _xdp_ping(endpoint: XdpEndpoint, channel: int, spec: Role) -> dict[str, Any]
 
 
 def _xdp_sink(endpoint: XdpEndpoint, channel: int, spec: Role) -> dict[str, Any]:
-    """Count arrivals, draining with ``poll()`` in a tight loop, until stdin closes; the rate
-    runs from the first arrival to the last (seen when the ring next runs dry)."""
+    """Count arrivals, draining with :meth:`XdpEndpoint.recv_many` (every waiting frame in
+    one pass) in a tight loop, until stdin closes; the rate runs from the first arrival to the
+    last (seen when the ring next runs dry)."""
     stop = _watch_stdin()
-    poll, clock = endpoint.poll, time.perf_counter_ns
+    recv_many, clock = endpoint.recv_many, time.perf_counter_ns
     received = seen = spins = 0
     first = last = 0
     while True:
-        if poll() is not None:
-            received += 1
+        batch = recv_many(256)
+        if batch:
+            received += len(batch)
             continue
         if received != seen:  # the ring ran dry: the last arrival was just now
             if not seen:

@@ -19,12 +19,12 @@ from __future__ import annotations
 import fcntl
 import socket
 import struct
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from stacklib.errors import ChannelError
+from stacklib.errors import ChannelError, UNetError
 from stacklib.sim import Host
 from stacklib.transports.ether import EtherAddress, remote_mac
 from stacklib.transports.socket_ni import HandleNI
@@ -185,6 +185,49 @@ class XdpNI(HandleNI):
             self._kick()
         return True
 
+    def write_frames(self, tag: tuple[bytes, int], messages: Sequence[Payload]) -> tuple[int, int]:
+        """Put ``messages`` (each at most :attr:`max_message`, checked by the caller) into TX
+        for ``tag`` in one pass, publishing and waking the kernel once per :data:`KICK_BATCH`;
+        stops early when every send buffer is in flight.  Returns (messages, bytes) taken."""
+        xsk = self.xsk
+        free, umem, tx = xsk.tx_free, xsk.umem, xsk.tx
+        memory, desc, mask = tx.memory, tx.desc, tx.mask
+        prefix, port = tag
+        producer = tx.producer[0]
+        taken = nbytes = batch = 0
+        for data in messages:
+            if not free:
+                tx.producer[0] = producer
+                self._unkicked += batch
+                batch = 0
+                if not self._make_room():
+                    break
+            address = free.pop()
+            length = len(data)
+            _pack_frame_header(umem, address, prefix, length, port)
+            end = address + _HEADER + length
+            umem[address + _HEADER : end] = data
+            size = _HEADER + length
+            if size < _PAD_TO:
+                umem[end : address + _PAD_TO] = _ZEROS[: _PAD_TO - size]
+                size = _PAD_TO
+            _pack_descriptor(memory, desc + (producer & mask) * 16, address, size, 0)
+            producer = (producer + 1) & _WRAP
+            taken += 1
+            nbytes += length
+            batch += 1
+            if batch == KICK_BATCH:
+                tx.producer[0] = producer
+                self._unkicked += batch
+                batch = 0
+                self._kick()
+        if batch:
+            tx.producer[0] = producer
+            self._unkicked += batch
+        if self._unkicked:
+            self._kick()
+        return taken, nbytes
+
     def _kick(self) -> None:
         if self.xsk.kick():
             self._unkicked = 0
@@ -311,6 +354,57 @@ class XdpEndpoint(PolledEndpoint):
         ni.received_bytes += length
         return Message(entry[1], data)
 
+    def recv_many(self, limit: int = 64) -> list[Message]:
+        """Up to ``limit`` waiting messages, without waiting (an empty list when none).
+
+        With nothing queued it takes every frame for this endpoint at the head of the RX
+        ring in one pass and returns their buffers to FILL at once; the first frame that is
+        not (another endpoint's, malformed, for another MAC) ends the pass and the rest go
+        through :meth:`poll`."""
+        out: list[Message] = []
+        if not (self.recv_queue or self._upcalls or self._upcall_error is not None or self.closed):
+            ni = self.ni
+            xsk = ni.xsk
+            rx = xsk.rx
+            consumer = rx.consumer[0]
+            count = min((rx.producer[0] - consumer) & _WRAP, limit)
+            if count:
+                quads, words, mask, umem = rx.quads, rx.words, rx.mask, xsk.umem
+                demux, own, chunk, largest = ni.demux, ni._mac_bytes, ni._chunk_mask, ni.max_message
+                returned = []
+                nbytes = 0
+                for index in range(count):
+                    slot = (consumer + index) & mask
+                    address = quads[2 * slot]
+                    length = umem[address + 14] << 8 | umem[address + 15]
+                    entry = demux.get((umem[address + 6 : address + 12], umem[address + 16]))
+                    if (
+                        entry is None
+                        or entry[0] is not self
+                        or umem[address : address + 6] != own
+                        or length > words[4 * slot + 2] - _HEADER
+                        or length > largest
+                    ):
+                        break
+                    start = address + _HEADER
+                    out.append(Message(entry[1], umem[start : start + length]))
+                    returned.append(address & chunk)
+                    nbytes += length
+                taken = len(out)
+                if taken:
+                    rx.consumer[0] = (consumer + taken) & _WRAP
+                    xsk.refill(returned)
+                    self.received += taken
+                    self.received_bytes += nbytes
+                    ni.received += taken
+                    ni.received_bytes += nbytes
+        while len(out) < limit:
+            message = self.poll()
+            if message is None:
+                break
+            out.append(message)
+        return out
+
     def send_nowait(
         self, channel: int, data: bytes | bytearray | memoryview, *, dest_offset: int | None = None
     ) -> SendDescriptor:
@@ -334,8 +428,28 @@ class XdpEndpoint(PolledEndpoint):
 
     def send_many(self, channel: int, messages: Iterable[bytes | bytearray | memoryview]) -> int:
         """Send ``messages`` in order with one wake-up of the kernel per :data:`KICK_BATCH`
-        frames; returns how many were taken (fewer when the send queue filled up)."""
+        frames; returns how many were taken (fewer when every send buffer is in flight, or
+        the send queue filled up).  A message above ``max_message`` raises
+        :class:`~stacklib.errors.UNetError` before anything is sent.
+
+        With nothing queued the frames go straight from the caller's bytes into the UMEM in
+        one pass (no descriptor objects); otherwise each takes the general path."""
         ni = self.ni
+        entry = self.channels.get(channel)
+        if entry is not None and not self.send_queue and not self.closed and not ni.tx_paused:
+            batch = messages if isinstance(messages, Sequence) else list(messages)
+            limit = ni.max_message
+            for data in batch:
+                if len(data) > limit:
+                    raise UNetError(
+                        f"message of {len(data)} bytes exceeds the NI's maximum of {limit}"
+                    )
+            taken, nbytes = ni.write_frames(entry.tx_tag, batch)  # type: ignore[arg-type]
+            self.sent += taken
+            self.sent_bytes += nbytes
+            ni.sent += taken
+            ni.sent_bytes += nbytes
+            return taken
         ni._batching = True
         taken = 0
         try:
