@@ -269,9 +269,9 @@ def _counters(ni: dict[str, Any]) -> str:
 def _notes(rows: list[dict[str, Cell]]) -> list[str]:
     notes = [
         "a veth has no zero-copy: the kernel copies every frame (into an skb when sent, "
-        "into the receiver's UMEM on arrival), and the sender's wake-up call (one per 32 "
-        "frames) runs the receiving end's XDP program and both copies synchronously, on the "
-        "sender's CPU",
+        "into the receiver's UMEM on arrival), and the sender's wake-up call (one per batch "
+        "of up to 256 frames) runs the receiving end's XDP program and both copies "
+        "synchronously, on the sender's CPU",
     ]
     if any(row.get("holds") == "NO" for row in rows):
         notes.append(

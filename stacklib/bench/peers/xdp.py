@@ -204,11 +204,11 @@ def _xdp_sink(endpoint: XdpEndpoint, channel: int, spec: Role) -> dict[str, Any]
     while True:
         batch = recv_many(256)
         if batch:
+            if not received:  # the receiver spins, so the first batch is the first arrival
+                first = clock()
             received += len(batch)
             continue
         if received != seen:  # the ring ran dry: the last arrival was just now
-            if not seen:
-                first = clock()
             last, seen = clock(), received
         spins += 1
         if spins & 1023 == 0 and stop.is_set():
@@ -224,7 +224,7 @@ def _stream_result(received: int, first: int, last: int) -> dict[str, Any]:
 
 def _xdp_source(endpoint: XdpEndpoint, channel: int, spec: Role) -> dict[str, Any]:
     """Stream ``spec.count`` messages with :meth:`XdpEndpoint.send_many` (one kernel wake-up
-    per 32 frames), as fast as the send buffers come back."""
+    per budget of frames the kernel takes at once), as fast as the send buffers come back."""
     message = bytes(spec.size)
     send_many, progress = endpoint.send_many, endpoint.ni.progress
     sent, start = 0, time.perf_counter()

@@ -10,7 +10,8 @@ Receive (:meth:`XdpNI.progress`): every frame waiting in RX is checked (addresse
 or broadcast, a length that fits, a channel for its tag), copied into its endpoint, and its
 buffer goes back to FILL in one batch.  Send (:meth:`XdpNI.transmit`): the frame is written into
 a send buffer of the UMEM and its descriptor into TX; the kernel is woken at once
-(``send_nowait``), or once per :data:`KICK_BATCH` frames inside :meth:`XdpEndpoint.send_many`.
+(``send_nowait``), or once per batch the kernel takes in one wake-up
+(:attr:`~stacklib.transports.xdp.xsk.XskSocket.tx_budget`) inside :meth:`XdpEndpoint.send_many`.
 Waiting: ``await recv()`` polls for ``spin_time`` seconds, then sleeps in poll(2) on the socket.
 """
 
@@ -38,10 +39,8 @@ from stacklib.wire.descriptor import DescriptorStatus, SendDescriptor
 if TYPE_CHECKING:
     from stacklib.transports.xdp.network import XdpNetwork
 
-__all__ = ["KICK_BATCH", "PortGrants", "XdpEndpoint", "XdpNI", "interface_mac", "interface_mtu"]
+__all__ = ["PortGrants", "XdpEndpoint", "XdpNI", "interface_mac", "interface_mtu"]
 
-#: The kernel sends at most 32 descriptors per wake-up in copy mode.
-KICK_BATCH = 32
 _HEADER = unet_eth.HEADER_SIZE
 _PAD_TO = unet_eth.MIN_FRAME
 _ZEROS = bytes(_PAD_TO)
@@ -181,19 +180,20 @@ class XdpNI(HandleNI):
         _pack_descriptor(tx.memory, tx.desc + (producer & tx.mask) * 16, address, size, 0)
         tx.producer[0] = (producer + 1) & _WRAP
         self._unkicked += 1
-        if not self._batching or self._unkicked >= KICK_BATCH:
+        if not self._batching or self._unkicked >= self.xsk.tx_budget:
             self._kick()
         return True
 
     def write_frames(self, tag: tuple[bytes, int], messages: Sequence[Payload]) -> tuple[int, int]:
         """Put ``messages`` (each at most :attr:`max_message`, checked by the caller) into TX
-        for ``tag`` in one pass, publishing and waking the kernel once per :data:`KICK_BATCH`;
+        for ``tag`` in one pass, publishing and waking the kernel once per ``xsk.tx_budget`` frames;
         stops early when every send buffer is in flight.  Returns (messages, bytes) taken."""
         xsk = self.xsk
         free, umem, tx = xsk.tx_free, xsk.umem, xsk.tx
         memory, desc, mask = tx.memory, tx.desc, tx.mask
         prefix, port = tag
         producer = tx.producer[0]
+        budget = xsk.tx_budget
         taken = nbytes = batch = 0
         for data in messages:
             if not free:
@@ -216,7 +216,7 @@ class XdpNI(HandleNI):
             taken += 1
             nbytes += length
             batch += 1
-            if batch == KICK_BATCH:
+            if batch == budget:
                 tx.producer[0] = producer
                 self._unkicked += batch
                 batch = 0
@@ -427,9 +427,9 @@ class XdpEndpoint(PolledEndpoint):
         return super().send_nowait(channel, data, dest_offset=dest_offset)
 
     def send_many(self, channel: int, messages: Iterable[bytes | bytearray | memoryview]) -> int:
-        """Send ``messages`` in order with one wake-up of the kernel per :data:`KICK_BATCH`
-        frames; returns how many were taken (fewer when every send buffer is in flight, or
-        the send queue filled up).  A message above ``max_message`` raises
+        """Send ``messages`` in order with one wake-up of the kernel per batch it takes
+        (``ni.xsk.tx_budget`` frames); returns how many were taken (fewer when every send
+        buffer is in flight, or the send queue filled up).  A message above ``max_message`` raises
         :class:`~stacklib.errors.UNetError` before anything is sent.
 
         With nothing queued the frames go straight from the caller's bytes into the UMEM in

@@ -40,7 +40,12 @@ SOL_XDP = 283
 XDP_MMAP_OFFSETS, XDP_RX_RING, XDP_TX_RING, XDP_UMEM_REG = 1, 2, 3, 4
 XDP_UMEM_FILL_RING, XDP_UMEM_COMPLETION_RING, XDP_STATISTICS, XDP_OPTIONS = 5, 6, 7, 8
 XDP_SHARED_UMEM, XDP_COPY, XDP_ZEROCOPY, XDP_USE_NEED_WAKEUP = 1, 2, 4, 8
+XDP_MAX_TX_SKB_BUDGET = 9
 XDP_OPTIONS_ZEROCOPY = 1
+#: Frames the kernel sends per wake-up in copy mode: 32, or up to the TX ring's size where
+#: ``XDP_MAX_TX_SKB_BUDGET`` exists (Linux 6.16); stacklib asks for this many.
+TX_BUDGET = 256
+DEFAULT_TX_BUDGET = 32
 XDP_RING_NEED_WAKEUP = 1
 #: mmap offsets of the rings (linux/if_xdp.h).
 XDP_PGOFF_RX_RING, XDP_PGOFF_TX_RING = 0, 0x80000000
@@ -290,6 +295,14 @@ class XskSocket:
         #: Receive buffers to give back once FILL has room (see :class:`XskLayout`).
         self.fill_pending: list[int] = []
         self._returned: list[int] = []
+        #: Frames one wake-up sends in copy mode (see :data:`TX_BUDGET`).
+        self.tx_budget = DEFAULT_TX_BUDGET
+        wanted = min(TX_BUDGET, layout.ring_size)
+        try:
+            self.sock.setsockopt(SOL_XDP, XDP_MAX_TX_SKB_BUDGET, wanted)
+            self.tx_budget = wanted
+        except OSError:
+            pass  # an older kernel: 32 per wake-up
         self.kicks = 0
         self.kick_retries = 0
         self.fill_wakeups = 0
