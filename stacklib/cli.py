@@ -111,7 +111,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
             bulk_messages=args.bulk_messages,
             repeat=args.repeat,
             only=args.only,
+            compare=args.compare,
         )
+    elif args.bench == "spmd":
+        from stacklib.bench.spmd import bench_spmd
+
+        try:
+            result = bench_spmd(args.ranks, args.keys, args.rounds, args.seed, args.programs)
+        except ValueError as error:
+            raise ConfigError("command line", "spmd", str(error)) from None
     elif args.bench == "single-copy":
         from stacklib.bench import single_copy
 
@@ -328,7 +336,31 @@ def _add_bench(commands: argparse._SubParsersAction[Any]) -> None:
         choices=["shm", "udp", "trio", "udp1", "uam", "uamtrio", "rate", "bulk"],
         help="run only these measurements (uam: UAM request/reply with explicit polling)",
     )
+    b.add_argument(
+        "--compare",
+        choices=["mpi"],
+        help="mpi: also mpi4py over Open MPI between the same two CPUs (mpirun and the "
+        "system Python's mpi4py; the rows are skipped with the reason when missing)",
+    )
     _wall_clock_options(b, repeat=3)
+    b = benches.add_parser(
+        "spmd",
+        help="Split-C over shm vs mpi4py: the small-message radix sort and a barrier/"
+        "all-reduce loop on N ranks",
+        description="One run: on each number of ranks, stacklib's Split-C rsortsm-store and a "
+        "barrier/all-reduce loop over shm (stacklib spawn) against the same programs in mpi4py "
+        "(mpirun on the system Python), verified on both sides; times and their ratio "
+        "(docs/performance.md).",
+    )
+    b.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8], help="rank counts")
+    b.add_argument("--keys", type=int, default=1024, help="keys per rank in the sort")
+    b.add_argument("--rounds", type=int, default=100, help="barrier/all-reduce rounds")
+    b.add_argument("--seed", type=int, default=1, help="seed of the keys")
+    b.add_argument(
+        "--programs", nargs="+", choices=["sort", "collectives"], default=["sort", "collectives"]
+    )
+    b.add_argument("--json", action="store_true", help="print JSON")
+    b.set_defaults(func=cmd_bench)
     b = benches.add_parser(
         "single-copy",
         help="U-Net/MM single-copy transfers by the OS service vs the shm ring path",

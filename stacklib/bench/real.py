@@ -436,6 +436,41 @@ def _best(fn: Callable[[], float], repeat: int) -> float:
 #: The measurements of :func:`bench_real`, by key (``stacklib bench real --only KEY``).
 MEASUREMENTS = ("shm", "udp", "trio", "udp1", "uam", "uamtrio", "rate", "bulk")
 
+#: Baselines :func:`bench_real` can run beside its own rows (``--compare``).
+COMPARISONS = ("mpi",)
+
+#: The mpi4py rows: (key in stacklib/bench/mpi/p2p.py's result, name, the stacklib row whose
+#: ratio it anchors).  Buffer ``Send``/``Recv`` is mpi4py at its best; pickled
+#: ``send``/``recv`` is what most mpi4py code writes.
+_MPI_ROWS = (
+    ("buffer", "ping-pong, mpi4py Send/Recv on buffers (2 CPUs)"),
+    ("pickle", "ping-pong, mpi4py pickled send/recv (2 CPUs)"),
+    ("rate", "one-way message rate, mpi4py Send"),
+    ("bulk", "bulk bandwidth, mpi4py Send, 64 KiB messages"),
+)
+
+
+def _mpi_runs(
+    iterations: int, messages: int, bulk_messages: int, size: int
+) -> Callable[[], dict[str, float]]:
+    """A function running stacklib/bench/mpi/p2p.py once on two ranks bound to two cores;
+    raises :class:`~stacklib.bench.mpi.MpiUnavailable` now if mpirun or mpi4py is missing."""
+    from stacklib.bench.mpi import find_mpi, run_script
+
+    setup = find_mpi()
+    args = [
+        f"--iterations={iterations}",
+        f"--messages={messages}",
+        f"--bulk-messages={bulk_messages}",
+        f"--size={size}",
+    ]
+
+    def run() -> dict[str, float]:
+        result = run_script("p2p", 2, args, pinned=True, setup=setup)
+        return {key: float(result[key]) for key, _ in _MPI_ROWS}
+
+    return run
+
 
 def bench_real(
     iterations: int = 20000,
@@ -444,9 +479,17 @@ def bench_real(
     repeat: int = 3,
     size: int = 40,
     only: Sequence[str] | None = None,
+    compare: str | None = None,
 ) -> Result:
     """All the measurements (or those named in ``only``), best of ``repeat`` each, interleaved
     in one run.
+
+    ``compare="mpi"`` adds mpi4py over Open MPI between two ranks bound to two cores, run by
+    ``mpirun`` on the system Python once per repeat (stacklib/bench/mpi/p2p.py): the same
+    ping-pong with buffer ``Send``/``Recv`` and pickled ``send``/``recv``, the message rate
+    and the bulk transfer, and a column with each row's time over mpi4py's best for the same
+    thing (ratio above 1: mpi4py is faster).  Without mpirun or mpi4py those rows are left
+    out and a note says why.
 
     Both processes are pinned to two different CPUs (the U-Net case: two applications, two
     processors); kernel UDP is also measured with both processes on one CPU, where a wake-up
@@ -456,8 +499,19 @@ def bench_real(
     unknown = sorted(set(only or ()) - set(MEASUREMENTS))
     if unknown:
         raise ValueError(f"no measurement {unknown[0]!r} (known: {', '.join(MEASUREMENTS)})")
+    if compare is not None and compare not in COMPARISONS:
+        raise ValueError(f"no comparison {compare!r} (known: {', '.join(COMPARISONS)})")
     few = max(iterations // 10, 10)
     runs: dict[str, list[float]] = {}
+    skipped: list[str] = []
+    mpi: Callable[[], dict[str, float]] | None = None
+    if compare == "mpi":
+        from stacklib.bench.mpi import MpiUnavailable
+
+        try:
+            mpi = _mpi_runs(iterations, messages, bulk_messages, size)
+        except MpiUnavailable as error:
+            skipped.append(f"mpi4py rows skipped: {error}")
     plan: list[tuple[str, Callable[[], float]]] = [
         ("shm", lambda: shm_pingpong(iterations, size, "poll")),
         ("udp", lambda: udp_pingpong(few, size)),
@@ -472,6 +526,9 @@ def bench_real(
     for _ in range(repeat):
         for key, run in plan:
             runs.setdefault(key, []).append(run())
+        if mpi is not None:
+            for key, seconds in mpi().items():
+                runs.setdefault(f"mpi.{key}", []).append(seconds)
     best = {key: min(values) for key, values in runs.items()}
     ratio = best["udp"] / best["shm"] if "udp" in best and "shm" in best else None
     rtt = "us RTT"
@@ -541,20 +598,34 @@ def bench_real(
             lambda t: bulk_messages * _BULK / t >= 1e9,
         ),
     ]
+    if mpi is not None:
+        units: dict[str, tuple[Callable[[float], float], str]] = {
+            spec[0]: (spec[2], spec[3]) for spec in specs
+        }
+        for key, name in _MPI_ROWS:
+            convert, unit = units.get(key, (lambda t: t * 1e6, rtt))
+            shown = f"{size} B {name}" if unit == rtt else name
+            specs.append((f"mpi.{key}", shown, convert, unit, "mpi4py", lambda t: True))
+    # Each row's time over mpi4py's best for the same work: a round trip against Send/Recv on
+    # buffers, a stream against mpi4py's stream of as many messages.
+    anchors = {key: "mpi." + key.removeprefix("mpi.") for key in ("rate", "bulk")}
+    anchors |= {value: value for value in anchors.values()}
     rows: list[dict[str, Cell]] = []
     for key, name, value, unit, target, met in specs:
         if key not in best:
             continue
-        judged = target not in ("-", "baseline")
-        rows.append(
-            {
-                "measurement": name,
-                "value": value(best[key]),
-                "unit": unit,
-                "target": target,
-                "met": ("yes" if met(best[key]) else "no") if judged else "-",
-            }
-        )
+        judged = target not in ("-", "baseline", "mpi4py")
+        row: dict[str, Cell] = {
+            "measurement": name,
+            "value": value(best[key]),
+            "unit": unit,
+            "target": target,
+            "met": ("yes" if met(best[key]) else "no") if judged else "-",
+        }
+        if mpi is not None:
+            anchor = anchors.get(key, "mpi.buffer")
+            row["vs_mpi"] = best[key] / best[anchor] if anchor in best else None
+        rows.append(row)
     facts: dict[str, Cell] = {
         "iterations": iterations,
         "messages": messages,
@@ -565,21 +636,30 @@ def bench_real(
         facts["udp_to_shm_rtt_ratio"] = ratio
     if "udp1" in best and "shm" in best:
         facts["udp_1cpu_to_shm_rtt_ratio"] = best["udp1"] / best["shm"]
+    columns = [
+        Column("measurement", "measurement"),
+        Column("value", "value", "", 2),
+        Column("unit", "unit"),
+        Column("target", "target"),
+        Column("met", "met"),
+    ]
+    notes = [
+        "best of each over the repeats; each side is its own process (spawn start method)",
+        "2 CPUs: this process on one CPU, the peer on the other (sched_setaffinity)",
+    ]
+    if mpi is not None:
+        columns.append(Column("vs_mpi", "x mpi4py best", "", 2))
+        notes.append(
+            "mpi4py: Open MPI shared memory between two ranks bound to two cores (mpirun "
+            "--bind-to core), on the system Python; x mpi4py best: this row's time over "
+            "mpi4py's for the same work (round trips against Send/Recv on buffers)"
+        )
     return Result(
         title="U-Net between two processes: shared memory vs kernel UDP (one run)",
-        columns=[
-            Column("measurement", "measurement"),
-            Column("value", "value", "", 2),
-            Column("unit", "unit"),
-            Column("target", "target"),
-            Column("met", "met"),
-        ],
+        columns=columns,
         rows=rows,
         facts=facts,
-        notes=[
-            "best of each over the repeats; each side is its own process (spawn start method)",
-            "2 CPUs: this process on one CPU, the peer on the other (sched_setaffinity)",
-        ],
+        notes=notes + skipped,
     )
 
 

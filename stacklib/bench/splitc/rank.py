@@ -1,5 +1,7 @@
 """One rank of a Split-C benchmark started by ``stacklib spawn`` (``python -m
-stacklib.bench.splitc.rank BENCHMARK [--small] [--size N,N] [--seed S] [--rto-us T]``).
+stacklib.bench.splitc.rank BENCHMARK [--small] [--size N,N] [--seed S] [--rto-us T]``);
+BENCHMARK is one of stacklib.bench.splitc.programs or ``collectives`` (a barrier/all-reduce
+loop, stacklib.bench.splitc.collectives).
 
 It bootstraps from the environment (stacklib.launch), opens UAM and Split-C over its endpoint,
 runs the program and, on rank 0, prints one line of JSON: a row per rank, ``[ok, total,
@@ -21,14 +23,15 @@ from collections.abc import Sequence
 import trio
 
 from stacklib.bench.splitc.cluster import endpoint_config
-from stacklib.bench.splitc.programs import make_program
+from stacklib.bench.splitc.collectives import DEFAULT_ROUNDS, SMALL_ROUNDS, barrier_reduce
+from stacklib.bench.splitc.programs import Program, make_program
 from stacklib.errors import ChannelError, PeerUnreachable
 from stacklib.launch import bootstrap, rank_from_environment
 from stacklib.layers.splitc import open_splitc
 from stacklib.layers.uam import UamLayer, UamParams
 from stacklib.services import UNetService
 
-__all__ = ["RTO_US", "START_UP_S", "main", "run_rank", "uam_params"]
+__all__ = ["RTO_US", "START_UP_S", "main", "rank_program", "run_rank", "uam_params"]
 
 #: UAM's retransmission timeout for real ranks, microseconds.  UAM's default 4 ms is shorter
 #: than a runnable process can wait for a core when ranks outnumber cores (8 CPU-bound ranks on
@@ -54,6 +57,15 @@ def uam_params(rto_us: float = RTO_US) -> UamParams:
     return UamParams(rto_us=rto_us, max_retries=max(8, round(START_UP_S * 1e6 / rto_us)))
 
 
+def rank_program(benchmark: str, sizes: tuple[int, ...] | None, small: bool, seed: int) -> Program:
+    """The program of ``benchmark``: a Split-C benchmark (:func:`make_program`) or
+    ``collectives`` (:func:`barrier_reduce`, ``sizes`` = (rounds,))."""
+    if benchmark == "collectives":
+        rounds = sizes[0] if sizes else (SMALL_ROUNDS if small else DEFAULT_ROUNDS)
+        return barrier_reduce(rounds, seed=seed)
+    return make_program(benchmark, sizes, small=small, seed=seed)
+
+
 def run_rank(
     benchmark: str,
     sizes: tuple[int, ...] | None,
@@ -69,7 +81,7 @@ def run_rank(
     # Room for a window from every peer at once, as on the simulated clusters.
     size = rank_from_environment(os.environ)[1]
     with bootstrap(config=endpoint_config(size - 1)) as rank:
-        program = make_program(benchmark, sizes, small=small, seed=seed)
+        program = rank_program(benchmark, sizes, small, seed)
 
         async def main() -> None:
             async with (

@@ -1,0 +1,114 @@
+# mypy: ignore-errors
+# (A script for the system Python, where mpi4py lives; it is not in the checked environment.)
+"""mpi4py between two ranks: ping-pong, message rate and bulk transfer (one JSON line).
+
+A standalone script for the system Python with mpi4py (it does not import stacklib):
+``mpirun -n 2 python3 p2p.py [--iterations N] [--messages M] [--bulk-messages B] [--size S]``.
+Rank 0 prints ``{"buffer": s, "pickle": s, "rate": s, "bulk": s, ...}``: the mean round trip
+of ``size``-byte messages with buffer ``Send``/``Recv`` and with pickled ``send``/``recv``, and
+the seconds rank 0 took to receive ``M`` ``size``-byte (``B`` 64 KiB) messages that rank 1
+sent with ``Send``, from the first arrival to the last, scaled to ``M`` (as
+stacklib.bench.real times its streams).  Rank 1 then gets one message back, so neither leaves
+while the other still waits.  ``cpus``: each rank's CPUs, as mpirun bound them.
+"""
+
+import argparse
+import json
+import os
+import time
+
+from mpi4py import MPI
+
+BULK = 65536
+WARMUP = 200
+
+
+def pingpong_buffer(comm, peer, size, count, lead):
+    message = bytearray(size)
+    reply = bytearray(size)
+    send, recv = comm.Send, comm.Recv
+    out, into = [message, MPI.BYTE], [reply, MPI.BYTE]
+    start = time.perf_counter()
+    if lead:
+        for _ in range(count):
+            send(out, peer)
+            recv(into, peer)
+    else:
+        for _ in range(count):
+            recv(into, peer)
+            send(out, peer)
+    return (time.perf_counter() - start) / count
+
+
+def pingpong_pickle(comm, peer, size, count, lead):
+    message = bytes(size)
+    send, recv = comm.send, comm.recv
+    start = time.perf_counter()
+    if lead:
+        for _ in range(count):
+            send(message, peer)
+            recv(source=peer)
+    else:
+        for _ in range(count):
+            recv(source=peer)
+            send(message, peer)
+    return (time.perf_counter() - start) / count
+
+
+def stream(comm, peer, size, count, receiver):
+    """Rank 1 sends ``count`` messages, rank 0 receives them: seconds at the receiver."""
+    buffer = bytearray(size)
+    spec = [buffer, MPI.BYTE]
+    if not receiver:
+        send = comm.Send
+        for _ in range(count):
+            send(spec, peer, 1)
+        comm.Recv([bytearray(1), MPI.BYTE], peer, 2)  # the receiver has everything
+        return 0.0
+    recv = comm.Recv
+    recv(spec, peer, 1)
+    start = time.perf_counter()
+    for _ in range(count - 1):
+        recv(spec, peer, 1)
+    elapsed = time.perf_counter() - start
+    comm.Send([bytearray(1), MPI.BYTE], peer, 2)
+    # The first arrival starts the clock, so count-1 intervals were timed.
+    return elapsed * count / max(count - 1, 1)
+
+
+def main():
+    parser = argparse.ArgumentParser(prog="p2p.py")
+    parser.add_argument("--iterations", type=int, default=20000)
+    parser.add_argument("--messages", type=int, default=200000)
+    parser.add_argument("--bulk-messages", type=int, default=20000)
+    parser.add_argument("--size", type=int, default=40)
+    args = parser.parse_args()
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() != 2:
+        raise SystemExit(f"p2p.py runs on 2 ranks, not {comm.Get_size()}")
+    rank = comm.Get_rank()
+    peer, lead = 1 - rank, rank == 0
+    result = {}
+    pingpong_buffer(comm, peer, args.size, WARMUP, lead)
+    result["buffer"] = pingpong_buffer(comm, peer, args.size, args.iterations, lead)
+    pingpong_pickle(comm, peer, args.size, WARMUP, lead)
+    result["pickle"] = pingpong_pickle(comm, peer, args.size, args.iterations, lead)
+    comm.Barrier()
+    result["rate"] = stream(comm, peer, args.size, args.messages, lead)
+    comm.Barrier()
+    result["bulk"] = stream(comm, peer, BULK, args.bulk_messages, lead)
+    cpus = comm.gather(sorted(os.sched_getaffinity(0)), 0)
+    if lead:
+        result.update(
+            cpus=cpus,
+            iterations=args.iterations,
+            messages=args.messages,
+            bulk_messages=args.bulk_messages,
+            size=args.size,
+            library=MPI.Get_library_version().splitlines()[0].strip(" \0"),
+        )
+        print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
