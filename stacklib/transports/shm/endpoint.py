@@ -9,6 +9,7 @@ peer's ring.  Blocking calls poll for ``spin_time`` seconds with trio checkpoint
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -141,6 +142,78 @@ class ShmEndpoint(Endpoint):
         except trio.WouldBlock:
             self.ni.progress()
             return super().send_nowait(channel, data, dest_offset=dest_offset)
+
+    def send_many(self, channel: int, messages: Iterable[bytes | bytearray | memoryview]) -> int:
+        """:meth:`Endpoint.send_many` (same contract) in one pass: with nothing queued, the
+        messages go straight into the peer's ring, any size, with one tail update and one
+        wake-up check; it stops where the ring is full.  A failed channel raises
+        :class:`PeerGone`."""
+        batch = self._check_batch(channel, messages)
+        link: ShmLink = self.channels[channel].tx_tag  # type: ignore[assignment]
+        if self.send_queue or link.failed is not None:
+            self._raise_if_failed(channel)
+            return super().send_many(channel, batch)
+        ring = link.tx
+        written = ring.write_many(batch)
+        if written is None:  # the peer broke the ring
+            self.ni.ring_broken(link, ring)
+            self._raise_if_failed(channel)
+            return 0
+        taken, nbytes = written
+        if taken < len(batch):
+            ring.set_producer_waiting(True)  # the consumer wakes us when it made room
+        ni = self.ni
+        if taken:
+            if ring.consumer_sleeping:
+                ni.wakeups_sent += 1
+                link.wake_peer()
+            self.sent += taken
+            self.sent_bytes += nbytes
+            ni.sent += taken
+            ni.sent_bytes += nbytes
+        return taken
+
+    def recv_many(self, limit: int = 64) -> list[Message]:
+        """:meth:`Endpoint.recv_many` (same contract) in one pass: with nothing queued and no
+        upcalls, each channel's ring gives up its messages with one head update and one check
+        for a waiting producer; channels take turns as in :meth:`poll`."""
+        if self.recv_queue or self._upcalls or self._upcall_error is not None or self.closed:
+            if not self.recv_queue and not self.closed:
+                self.ni.progress()
+            return super().recv_many(limit)
+        if limit < 1:
+            raise ValueError(f"recv_many: limit must be at least 1, got {limit}")
+        out: list[Message] = []
+        links = self._rx_links
+        ni = self.ni
+        for index, (link, channel) in enumerate(links):
+            ring = link.rx
+            if not ring.pending:
+                continue
+            corrupt = ring.corrupt
+            chunk = ring.read_many(limit - len(out))
+            if ring.corrupt != corrupt:
+                ni.ring_broken(link, ring, self)
+            if ring.producer_waiting:
+                ring.set_producer_waiting(False)
+                link.wake_peer()
+            if not chunk:
+                continue
+            nbytes = 0
+            for data in chunk:
+                nbytes += len(data)
+                out.append(Message(channel, data))
+            self.received += len(chunk)
+            self.received_bytes += nbytes
+            ni.received += len(chunk)
+            ni.received_bytes += nbytes
+            if len(out) >= limit:
+                if len(links) > 1:  # the next call starts with the channels after this one
+                    links.append(links.pop(index))
+                break
+        if not out and ni.tx_blocked:
+            ni.progress()
+        return out
 
     async def send(
         self, channel: int, data: bytes | bytearray | memoryview, *, dest_offset: int | None = None

@@ -20,6 +20,7 @@ error.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 
 from stacklib.unet.ni import Payload
 
@@ -118,6 +119,48 @@ class Ring:
         self._words[self._base + _TAIL] = tail
         return True
 
+    def write_many(self, messages: Sequence[Payload]) -> tuple[int, int] | None:
+        """Append ``messages`` in order while they fit, publishing the tail once at the end;
+        returns (messages, bytes) written (a prefix: fewer when the ring filled up), or None
+        if the ring is broken.  Lengths are the caller's to check against ``max_message``."""
+        tail = self._tail
+        capacity = self.capacity
+        room = self._cached_head + capacity  # the tail may advance up to here
+        data = self.data
+        pack = RECORD_HEADER.pack_into
+        count = nbytes = 0
+        for payload in messages:
+            n = len(payload)
+            size = (n + 8 + ALIGN - 1) & ~(ALIGN - 1)
+            offset = tail % capacity
+            to_end = capacity - offset
+            need = size if size <= to_end else to_end + size
+            if tail + need > room:
+                if self.error is not None:
+                    return None
+                head = self._words[self._base + _HEAD]
+                if head % ALIGN or head < self._cached_head or head > self._tail:
+                    self._break(f"the consumer published head {head} (tail {self._tail})")
+                    return None
+                self._cached_head = head
+                room = head + capacity
+                if tail + need > room:
+                    break
+            if size > to_end:
+                pack(data, offset, to_end, KIND_PAD)
+                tail += to_end
+                offset = 0
+            pack(data, offset, n, KIND_MESSAGE)
+            data[offset + 8 : offset + 8 + n] = payload
+            tail += size
+            count += 1
+            nbytes += n
+        if count:
+            self._tail = tail
+            # Published once, after every record: x86-64 keeps the stores in this order.
+            self._words[self._base + _TAIL] = tail
+        return count, nbytes
+
     @property
     def consumer_sleeping(self) -> bool:
         return bool(self._words[self._base + _SLEEPING])
@@ -165,6 +208,50 @@ class Ring:
                 return None
             return self.data[offset + 8 : offset + 8 + length]
         return None
+
+    def read_many(self, limit: int) -> list[bytes]:
+        """Copies of up to ``limit`` waiting messages, freeing their records with one head
+        update.  Checks every record as :meth:`peek` does; a bad one breaks the ring, and the
+        sound messages before it are still returned."""
+        out: list[bytes] = []
+        head = self._head
+        words = self._words
+        base = self._base
+        tail = words[base + _TAIL]
+        if head == tail:
+            return out
+        capacity = self.capacity
+        avail = tail - head
+        if avail < 0 or avail > capacity or avail % ALIGN:
+            self._break(f"the producer published tail {tail} (head {head})")
+            return out
+        data = self.data
+        unpack = RECORD_HEADER.unpack_from
+        largest = self.max_message
+        append = out.append
+        while head != tail and len(out) < limit:
+            offset = head % capacity
+            length, kind = unpack(data, offset)
+            if kind == KIND_PAD:
+                if length != capacity - offset or length > tail - head:
+                    self._break(f"a pad record of length {length} at offset {offset}")
+                    return out
+                head += length
+                continue
+            size = (length + 8 + ALIGN - 1) & ~(ALIGN - 1)
+            if (
+                kind != KIND_MESSAGE
+                or length > largest
+                or size > capacity - offset
+                or size > tail - head
+            ):
+                self._break(f"a record of kind {kind} and length {length} at offset {offset}")
+                return out
+            append(bytes(data[offset + 8 : offset + 8 + length]))
+            head += size
+        self._head = head
+        words[base + _HEAD] = head
+        return out
 
     def release(self, view: memoryview) -> None:
         """Free the record :meth:`peek` returned."""
