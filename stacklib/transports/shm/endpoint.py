@@ -80,16 +80,12 @@ class ShmEndpoint(Endpoint):
         links = self._rx_links
         for index, (link, channel) in enumerate(links):
             ring = link.rx
-            if not ring.pending:
-                continue
             corrupt = ring.corrupt
-            view = ring.peek()
-            if ring.corrupt != corrupt:
-                self.ni.ring_broken(link, ring, self)
-            if view is None:
+            data = ring.take()  # one call: check, copy and free the record
+            if data is None:
+                if ring.corrupt != corrupt:
+                    self.ni.ring_broken(link, ring, self)
                 continue
-            data = bytes(view)
-            ring.release(view)
             if ring.producer_waiting:
                 ring.set_producer_waiting(False)
                 link.wake_peer()

@@ -89,7 +89,7 @@ class Ring:
         """Append one message; False if the ring is full (back-pressure); None if the ring is
         broken (the consumer published an impossible head, now or before)."""
         n = len(payload)
-        size = _align(8 + n)
+        size = (n + 8 + ALIGN - 1) & ~(ALIGN - 1)  # _align, inlined: once per message
         tail = self._tail
         capacity = self.capacity
         offset = tail % capacity
@@ -208,6 +208,50 @@ class Ring:
                 return None
             return self.data[offset + 8 : offset + 8 + length]
         return None
+
+    def take(self) -> bytes | None:
+        """A copy of the next message, its record freed at once, or None: :meth:`peek`, the
+        copy and :meth:`release` in one call (the single-message receive path)."""
+        head = self._head
+        words = self._words
+        base = self._base
+        tail = words[base + _TAIL]
+        if head == tail:
+            return None
+        capacity = self.capacity
+        avail = tail - head
+        if avail < 0 or avail > capacity or avail % ALIGN:
+            self._break(f"the producer published tail {tail} (head {head})")
+            return None
+        data = self.data
+        offset = head % capacity
+        length, kind = RECORD_HEADER.unpack_from(data, offset)
+        if kind == KIND_PAD:
+            if length != capacity - offset or length > avail:
+                self._break(f"a pad record of length {length} at offset {offset}")
+                return None
+            head += length
+            avail -= length
+            if not avail:
+                self._head = head
+                words[base + _HEAD] = head
+                return None
+            offset = 0
+            length, kind = RECORD_HEADER.unpack_from(data, 0)
+        size = (length + 8 + ALIGN - 1) & ~(ALIGN - 1)
+        if (
+            kind != KIND_MESSAGE
+            or length > self.max_message
+            or size > capacity - offset
+            or size > avail
+        ):
+            self._break(f"a record of kind {kind} and length {length} at offset {offset}")
+            return None
+        message = bytes(data[offset + 8 : offset + 8 + length])
+        head += size
+        self._head = head
+        words[base + _HEAD] = head
+        return message
 
     def read_many(self, limit: int) -> list[bytes]:
         """Copies of up to ``limit`` waiting messages, freeing their records with one head
