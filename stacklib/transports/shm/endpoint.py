@@ -187,7 +187,7 @@ class ShmEndpoint(Endpoint):
             if not ring.pending:
                 continue
             corrupt = ring.corrupt
-            chunk = ring.read_many(limit - len(out))
+            chunk, nbytes = ring.read_many(limit - len(out))
             if ring.corrupt != corrupt:
                 ni.ring_broken(link, ring, self)
             if ring.producer_waiting:
@@ -195,10 +195,7 @@ class ShmEndpoint(Endpoint):
                 link.wake_peer()
             if not chunk:
                 continue
-            nbytes = 0
-            for data in chunk:
-                nbytes += len(data)
-                out.append(Message(channel, data))
+            out += [Message(channel, data) for data in chunk]
             self.received += len(chunk)
             self.received_bytes += nbytes
             ni.received += len(chunk)

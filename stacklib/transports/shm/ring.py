@@ -253,33 +253,35 @@ class Ring:
         words[base + _HEAD] = head
         return message
 
-    def read_many(self, limit: int) -> list[bytes]:
-        """Copies of up to ``limit`` waiting messages, freeing their records with one head
-        update.  Checks every record as :meth:`peek` does; a bad one breaks the ring, and the
-        sound messages before it are still returned."""
+    def read_many(self, limit: int) -> tuple[list[bytes], int]:
+        """Copies of up to ``limit`` waiting messages and their total bytes, freeing their
+        records with one head update.  Checks every record as :meth:`peek` does; a bad one
+        breaks the ring, and the sound messages before it are still returned."""
         out: list[bytes] = []
         head = self._head
         words = self._words
         base = self._base
         tail = words[base + _TAIL]
         if head == tail:
-            return out
+            return out, 0
         capacity = self.capacity
         avail = tail - head
         if avail < 0 or avail > capacity or avail % ALIGN:
             self._break(f"the producer published tail {tail} (head {head})")
-            return out
+            return out, 0
         data = self.data
         unpack = RECORD_HEADER.unpack_from
         largest = self.max_message
         append = out.append
-        while head != tail and len(out) < limit:
+        left = limit
+        nbytes = 0
+        while head != tail and left:
             offset = head % capacity
             length, kind = unpack(data, offset)
             if kind == KIND_PAD:
                 if length != capacity - offset or length > tail - head:
                     self._break(f"a pad record of length {length} at offset {offset}")
-                    return out
+                    return out, nbytes
                 head += length
                 continue
             size = (length + 8 + ALIGN - 1) & ~(ALIGN - 1)
@@ -290,12 +292,14 @@ class Ring:
                 or size > tail - head
             ):
                 self._break(f"a record of kind {kind} and length {length} at offset {offset}")
-                return out
+                return out, nbytes
             append(bytes(data[offset + 8 : offset + 8 + length]))
             head += size
+            nbytes += length
+            left -= 1
         self._head = head
         words[base + _HEAD] = head
-        return out
+        return out, nbytes
 
     def release(self, view: memoryview) -> None:
         """Free the record :meth:`peek` returned."""
