@@ -221,3 +221,17 @@ def test_shm_broken_ring_fails_the_batch(shm_pair: tuple[ShmEndpoint, ...]) -> N
     with pytest.raises(PeerGone, match="corrupt ring"):
         ep_a.send_many(ch_a, [bytes(1000)])
     assert ep_a.ni.corrupt_rings == 1
+
+
+def test_shm_recv_many_stops_at_a_bad_record(shm_pair: tuple[ShmEndpoint, ...]) -> None:
+    """The sound messages before a record the peer scribbled arrive; the ring breaks there,
+    counted as a malformed drop, and the channel fails."""
+    ep_a, ep_b, ch_a, ch_b = shm_pair
+    assert ep_a.send_many(ch_a, _messages(4)) == 4
+    ring = ep_b.ni.link(ep_b, ch_b).rx
+    struct_kind_offset = 2 * 16 + 4  # the third 16-byte record's kind field
+    ring.data[struct_kind_offset] = 7
+    assert [m.data for m in ep_b.recv_many()] == _messages(2)
+    assert ring.error is not None and "kind 7" in ring.error
+    assert ep_b.ni.corrupt_rings == 1 and ep_b.dropped["malformed"] == 1
+    assert ep_b.recv_many() == []
