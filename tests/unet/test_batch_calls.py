@@ -182,17 +182,25 @@ def test_shm_batches_wrap_around_the_ring(shm_pair: tuple[ShmEndpoint, ...]) -> 
     assert ep_a.ni.network is not None and ep_b.ni.corrupt_rings == 0
 
 
+@pytest.mark.parametrize("receive", ["recv_many", "poll"])
 def test_shm_full_ring_sets_producer_waiting_and_the_receiver_wakes_it(
-    shm_pair: tuple[ShmEndpoint, ...],
+    shm_pair: tuple[ShmEndpoint, ...], receive: str
 ) -> None:
-    ep_a, ep_b, ch_a, _ = shm_pair
+    ep_a, ep_b, ch_a, ch_b = shm_pair
     link = ep_a.ni.link(ep_a, ch_a)
     batch = [bytes(1000)] * 20
     taken = ep_a.send_many(ch_a, batch)
     assert 0 < taken < 20 and link.tx.producer_waiting
     assert ep_a.send_many(ch_a, batch[taken:]) == 0  # still full: nothing taken
-    assert len(ep_b.recv_many(2)) == 2
+    woken: list[bool] = []
+    ep_b.ni.link(ep_b, ch_b).rx.wake_producer = lambda: woken.append(True)
+    if receive == "poll":
+        assert ep_b.poll() is not None
+    else:
+        assert len(ep_b.recv_many(2)) == 2
     assert not link.tx.producer_waiting  # the receiver saw the flag and cleared it
+    if receive == "poll":
+        assert woken == [True]
     assert ep_a.send_many(ch_a, batch[taken:]) >= 1
 
 

@@ -16,6 +16,7 @@ import trio
 
 from stacklib.errors import PeerGone, SegmentError
 from stacklib.transports.shm.link import ShmLink
+from stacklib.transports.shm.ring import WRITTEN_WAKE
 from stacklib.unet.endpoint import Endpoint, Message
 from stacklib.unet.polled import relax as relax
 from stacklib.wire.descriptor import DescriptorStatus, Fragment, SendDescriptor
@@ -33,15 +34,19 @@ class ShmEndpoint(Endpoint):
         super().__init__(**kwargs)
         #: (link, channel id) of each channel, in the order the fast poll scans them.
         self._rx_links: list[tuple[ShmLink, int]] = []
+        #: More than one channel to scan, so the fast poll takes them in turn.
+        self._rotate = False
 
     def add_rx_link(self, link: ShmLink, channel: int) -> None:
         """Scan ``link``'s receive ring for ``channel`` in the fast poll (the NI calls this
         when it registers the channel)."""
         self._rx_links.append((link, channel))
+        self._rotate = len(self._rx_links) > 1
 
     def remove_rx_link(self, channel: int) -> None:
         """Stop scanning ``channel``'s ring (the NI calls this when it unregisters it)."""
         self._rx_links[:] = [entry for entry in self._rx_links if entry[1] != channel]
+        self._rotate = len(self._rx_links) > 1
 
     def post_free(self, buffer: Fragment) -> None:
         """Hand a receive buffer to the NI, refusing one it could never fill.
@@ -86,10 +91,8 @@ class ShmEndpoint(Endpoint):
                 if ring.corrupt != corrupt:
                     self.ni.ring_broken(link, ring, self)
                 continue
-            if ring.producer_waiting:
-                ring.set_producer_waiting(False)
-                link.wake_peer()
-            if len(links) > 1:  # round robin, so one busy channel cannot starve the others
+            # (take() woke a producer waiting for room.)
+            if self._rotate:  # round robin, so one busy channel cannot starve the others
                 links.append(links.pop(index))
             length = len(data)
             self.received += 1
@@ -110,7 +113,8 @@ class ShmEndpoint(Endpoint):
         Fast path: a small message with nothing queued before it goes straight into the peer's
         ring; the descriptor is returned already injected.
         """
-        if len(data) <= self.ni.inline_threshold and dest_offset is None and not self.send_queue:
+        length = len(data)
+        if length <= self.ni.inline_threshold and dest_offset is None and not self.send_queue:
             entry = self.channels.get(channel)
             if entry is not None and not self.closed:
                 link: ShmLink = entry.tx_tag  # type: ignore[assignment]
@@ -119,14 +123,13 @@ class ShmEndpoint(Endpoint):
                     self.ni.ring_broken(link, link.tx)
                 elif written:
                     ni = self.ni
-                    if link.tx.consumer_sleeping:
+                    if written == WRITTEN_WAKE:
                         ni.wakeups_sent += 1
                         link.wake_peer()
                     inline = data if type(data) is bytes else bytes(data)
                     descriptor = SendDescriptor(
                         channel, inline=inline, status=DescriptorStatus.INJECTED
                     )
-                    length = len(inline)
                     self.sent += 1
                     self.sent_bytes += length
                     ni.sent += 1

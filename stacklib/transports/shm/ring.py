@@ -20,13 +20,16 @@ error.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from stacklib.unet.ni import Payload
 
 RECORD_HEADER = struct.Struct("<II")  # length, kind
 KIND_MESSAGE = 1
 KIND_PAD = 2
+#: :meth:`Ring.try_write`'s results for a written message: the consumer is awake, or asleep.
+WRITTEN = 1
+WRITTEN_WAKE = 2
 ALIGN = 16
 #: Word offsets within a ring's block of the header page (see ``region.RING_WORD``).
 _TAIL, _HEAD, _SLEEPING, _WAITING = 0, 8, 16, 24
@@ -58,6 +61,7 @@ class Ring:
         "data",
         "error",
         "max_message",
+        "wake_producer",
     )
 
     def __init__(self, words: memoryview, base: int, data: memoryview, max_message: int) -> None:
@@ -73,6 +77,9 @@ class Ring:
         self.corrupt = 0
         #: Why the ring broke (which value the peer wrote), or None while it is sound.
         self.error: str | None = None
+        #: Called by :meth:`take` when it made room for a producer that waits (the link sets
+        #: it to its wake-up of the peer).
+        self.wake_producer: Callable[[], object] | None = None
         self._tail = self._head = self._cached_head = 0
         # Counters found in the region when this side attaches come from shared memory too.
         tail = words[base + _TAIL]
@@ -85,9 +92,11 @@ class Ring:
             self._head = self._cached_head = head
 
     # ---------------------------------------------------------------- producer
-    def try_write(self, payload: Payload) -> bool | None:
-        """Append one message; False if the ring is full (back-pressure); None if the ring is
-        broken (the consumer published an impossible head, now or before)."""
+    def try_write(self, payload: Payload) -> int | None:
+        """Append one message: :data:`WRITTEN`, or :data:`WRITTEN_WAKE` when the consumer
+        sleeps (the caller wakes it: the flag is read here, saving the caller a call); 0 if the
+        ring is full (back-pressure); None if the ring is broken (the consumer published an
+        impossible head, now or before)."""
         n = len(payload)
         size = (n + 8 + ALIGN - 1) & ~(ALIGN - 1)  # _align, inlined: once per message
         tail = self._tail
@@ -105,7 +114,7 @@ class Ring:
                 return None
             self._cached_head = head
             if tail + need - head > capacity:
-                return False
+                return 0
         data = self.data
         if size > to_end:
             RECORD_HEADER.pack_into(data, offset, to_end, KIND_PAD)
@@ -116,8 +125,10 @@ class Ring:
         tail += size
         self._tail = tail
         # Published after the record: x86-64 keeps the two stores in this order.
-        self._words[self._base + _TAIL] = tail
-        return True
+        words = self._words
+        base = self._base
+        words[base + _TAIL] = tail
+        return WRITTEN_WAKE if words[base + _SLEEPING] else WRITTEN
 
     def write_many(self, messages: Sequence[Payload]) -> tuple[int, int] | None:
         """Append ``messages`` in order while they fit, publishing the tail once at the end;
@@ -211,7 +222,8 @@ class Ring:
 
     def take(self) -> bytes | None:
         """A copy of the next message, its record freed at once, or None: :meth:`peek`, the
-        copy and :meth:`release` in one call (the single-message receive path)."""
+        copy and :meth:`release` in one call (the single-message receive path).  A producer
+        waiting for room has its flag cleared and is woken through :attr:`wake_producer`."""
         head = self._head
         words = self._words
         base = self._base
@@ -251,6 +263,10 @@ class Ring:
         head += size
         self._head = head
         words[base + _HEAD] = head
+        if words[base + _WAITING]:  # the producer waits for room: we just made some
+            words[base + _WAITING] = 0
+            if self.wake_producer is not None:
+                self.wake_producer()
         return message
 
     def read_many(self, limit: int) -> tuple[list[bytes], int]:
