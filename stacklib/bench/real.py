@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from stacklib.bench import shm_rates
 from stacklib.bench.peers.shm import PeerSpec, spawn_peer
 from stacklib.bench.result import Cell, Column, Result
 from stacklib.layers.uam import UamLayer, UamParams, UamService
@@ -626,6 +627,7 @@ def bench_real(
             anchor = anchors.get(key, "mpi.buffer")
             row["vs_mpi"] = best[key] / best[anchor] if anchor in best else None
         rows.append(row)
+    rows += shm_rates.batched_rows(only, repeat, messages, size)
     facts: dict[str, Cell] = {
         "iterations": iterations,
         "messages": messages,

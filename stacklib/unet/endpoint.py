@@ -24,7 +24,16 @@ from __future__ import annotations
 import contextlib
 import enum
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterator, Mapping
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Hashable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -433,6 +442,56 @@ class Endpoint:
         self._tx_inflight.append((descriptor, buffers))
         return descriptor
 
+    def send_many(self, channel: int, messages: Iterable[bytes | bytearray | memoryview]) -> int:
+        """Send ``messages`` on ``channel`` in order, without waiting; returns how many were
+        taken.
+
+        The taken ones are always a prefix of ``messages``: sending stops at the first message
+        the endpoint cannot take now (its send queue, send buffers or the transport are full),
+        and that one and the rest are not sent; send them again later.  Before anything is
+        sent, raises :class:`EndpointClosed` on a closed endpoint, :class:`ChannelError` for a
+        channel it does not have, and :class:`UNetError` when any message is one the endpoint
+        could never send (above the NI's maximum, or needing more send buffers than it has).
+        Transports override it with a one-pass path; this default loops over
+        :meth:`send_nowait`.
+        """
+        batch = self._check_batch(channel, messages)
+        taken = 0
+        for data in batch:
+            try:
+                self.send_nowait(channel, data)
+            except trio.WouldBlock:
+                break
+            taken += 1
+        return taken
+
+    def _check_batch(
+        self, channel: int, messages: Iterable[bytes | bytearray | memoryview]
+    ) -> Sequence[bytes | bytearray | memoryview]:
+        """``messages`` as a sequence, once :meth:`send_many`'s checks passed (see there)."""
+        self.check_open()
+        if channel not in self.channels:
+            raise ChannelError(f"{self!r} has no channel {channel}")
+        batch = messages if isinstance(messages, Sequence) else list(messages)
+        ni = self.ni
+        largest = ni.max_message
+        inline = ni.inline_threshold
+        size = self.config.tx_buffer_size
+        buffers = self.config.tx_buffers
+        for data in batch:
+            length = len(data)
+            if length > largest:
+                raise UNetError(
+                    f"message of {length} bytes exceeds the NI's maximum of {largest}; "
+                    "nothing of the batch was sent"
+                )
+            if length > inline and -(-length // size) > buffers:
+                raise UNetError(
+                    f"message of {length} bytes needs more than the endpoint's {buffers} send "
+                    f"buffers of {size} bytes; nothing of the batch was sent"
+                )
+        return batch
+
     async def send(
         self, channel: int, data: bytes | bytearray | memoryview, *, dest_offset: int | None = None
     ) -> SendDescriptor:
@@ -474,6 +533,26 @@ class Endpoint:
         if descriptor.fragments:
             self.release(descriptor)
         return Message(descriptor.channel, data, descriptor.dest_offset)
+
+    def recv_many(self, limit: int = 64) -> list[Message]:
+        """Up to ``limit`` waiting messages in arrival order, without waiting.
+
+        Returns an empty list when none is waiting; raises :class:`EndpointClosed` when the
+        endpoint is closed and nothing is left, and :class:`ValueError` for a ``limit`` below
+        1.  Transports override it with a one-pass path; this default loops over :meth:`poll`.
+        """
+        if limit < 1:
+            raise ValueError(f"recv_many: limit must be at least 1, got {limit}")
+        out: list[Message] = []
+        poll = self.poll
+        while len(out) < limit:
+            message = poll()
+            if message is None:
+                break
+            out.append(message)
+        if not out and self.closed:
+            self.check_open()
+        return out
 
     def recv_nowait(self) -> Message:
         """The next received message, or :class:`trio.WouldBlock`."""

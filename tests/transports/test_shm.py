@@ -267,6 +267,6 @@ def test_real_benchmark_runs_with_tiny_counts() -> None:
     from stacklib.bench.real import bench_real
 
     result = bench_real(iterations=20, messages=50, bulk_messages=5, repeat=1)
-    assert len(result.rows) == 8 and all(
+    assert len(result.rows) == 9 and all(
         isinstance(row["value"], float) and row["value"] > 0 for row in result.rows
     )

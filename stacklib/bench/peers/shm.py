@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -23,6 +23,9 @@ from stacklib.unet.endpoint import EndpointConfig
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
 
+#: Messages per ``send_many`` call of a batching source.
+BATCH = 64
+
 
 @attrs.frozen
 class PeerSpec:
@@ -31,7 +34,8 @@ class PeerSpec:
     Roles: ``echo`` (send every message back on its channel), ``sink`` (count messages of a
     stream, reply once with the count when a 0-byte message ends it), ``source`` (send
     ``count`` messages of ``size`` bytes, then a 0-byte end marker).  ``mode`` is ``poll``
-    (busy-poll loop, no trio) or ``trio`` (``await recv``/``send``).
+    (busy-poll loop, no trio), ``many`` (busy-poll, a source sends in batches with
+    ``send_many``) or ``trio`` (``await recv``/``send``).
     """
 
     directory: str
@@ -76,7 +80,8 @@ def peer_main(spec: PeerSpec) -> None:
 
 
 def _peer_poll(endpoint: ShmEndpoint, channel: int, spec: PeerSpec) -> None:
-    """Busy-poll loop: the fastest receive model (paper 000 §3.1 polling)."""
+    """Busy-poll loop: the fastest receive model (paper 000 §3.1 polling); a ``source`` in
+    mode ``many`` sends with ``send_many``."""
     poll, send = endpoint.poll, endpoint.send_nowait
     link = endpoint.ni.link(endpoint, channel)
     spins = 0
@@ -90,6 +95,9 @@ def _peer_poll(endpoint: ShmEndpoint, channel: int, spec: PeerSpec) -> None:
             if link.failed is not None:
                 raise PeerGone(link.failed)
 
+    if spec.role == "source" and spec.mode == "many":
+        _source_many(endpoint, channel, spec, idle)
+        return
     if spec.role == "source":
         payload = bytes(spec.size)
         for index in range(spec.count + 1):
@@ -124,6 +132,24 @@ def _peer_poll(endpoint: ShmEndpoint, channel: int, spec: PeerSpec) -> None:
         else:
             send(message.channel, received.to_bytes(8, "little"))
             received = 0
+
+
+def _source_many(
+    endpoint: ShmEndpoint, channel: int, spec: PeerSpec, idle: Callable[[], None]
+) -> None:
+    """The ``source`` role in batches of :data:`BATCH` messages (``send_many``)."""
+    batch = [bytes(spec.size)] * BATCH
+    left = spec.count
+    while left:
+        chunk = batch if left >= BATCH else batch[:left]
+        taken = endpoint.send_many(channel, chunk)
+        left -= taken
+        if not taken:
+            idle()
+    while not endpoint.send_many(channel, [b""]):
+        idle()
+    while endpoint.poll() is None:  # wait for the receiver's acknowledgment before closing
+        idle()
 
 
 async def _peer_trio(endpoint: ShmEndpoint, channel: int, spec: PeerSpec) -> None:

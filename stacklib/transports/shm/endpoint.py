@@ -9,12 +9,14 @@ peer's ring.  Blocking calls poll for ``spin_time`` seconds with trio checkpoint
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from stacklib.errors import PeerGone, SegmentError
 from stacklib.transports.shm.link import ShmLink
+from stacklib.transports.shm.ring import WRITTEN_WAKE
 from stacklib.unet.endpoint import Endpoint, Message
 from stacklib.unet.polled import relax as relax
 from stacklib.wire.descriptor import DescriptorStatus, Fragment, SendDescriptor
@@ -32,15 +34,19 @@ class ShmEndpoint(Endpoint):
         super().__init__(**kwargs)
         #: (link, channel id) of each channel, in the order the fast poll scans them.
         self._rx_links: list[tuple[ShmLink, int]] = []
+        #: More than one channel to scan, so the fast poll takes them in turn.
+        self._rotate = False
 
     def add_rx_link(self, link: ShmLink, channel: int) -> None:
         """Scan ``link``'s receive ring for ``channel`` in the fast poll (the NI calls this
         when it registers the channel)."""
         self._rx_links.append((link, channel))
+        self._rotate = len(self._rx_links) > 1
 
     def remove_rx_link(self, channel: int) -> None:
         """Stop scanning ``channel``'s ring (the NI calls this when it unregisters it)."""
         self._rx_links[:] = [entry for entry in self._rx_links if entry[1] != channel]
+        self._rotate = len(self._rx_links) > 1
 
     def post_free(self, buffer: Fragment) -> None:
         """Hand a receive buffer to the NI, refusing one it could never fill.
@@ -79,20 +85,14 @@ class ShmEndpoint(Endpoint):
         links = self._rx_links
         for index, (link, channel) in enumerate(links):
             ring = link.rx
-            if not ring.pending:
-                continue
             corrupt = ring.corrupt
-            view = ring.peek()
-            if ring.corrupt != corrupt:
-                self.ni.ring_broken(link, ring, self)
-            if view is None:
+            data = ring.take()  # one call: check, copy and free the record
+            if data is None:
+                if ring.corrupt != corrupt:
+                    self.ni.ring_broken(link, ring, self)
                 continue
-            data = bytes(view)
-            ring.release(view)
-            if ring.producer_waiting:
-                ring.set_producer_waiting(False)
-                link.wake_peer()
-            if len(links) > 1:  # round robin, so one busy channel cannot starve the others
+            # (take() woke a producer waiting for room.)
+            if self._rotate:  # round robin, so one busy channel cannot starve the others
                 links.append(links.pop(index))
             length = len(data)
             self.received += 1
@@ -113,7 +113,8 @@ class ShmEndpoint(Endpoint):
         Fast path: a small message with nothing queued before it goes straight into the peer's
         ring; the descriptor is returned already injected.
         """
-        if len(data) <= self.ni.inline_threshold and dest_offset is None and not self.send_queue:
+        length = len(data)
+        if length <= self.ni.inline_threshold and dest_offset is None and not self.send_queue:
             entry = self.channels.get(channel)
             if entry is not None and not self.closed:
                 link: ShmLink = entry.tx_tag  # type: ignore[assignment]
@@ -122,14 +123,13 @@ class ShmEndpoint(Endpoint):
                     self.ni.ring_broken(link, link.tx)
                 elif written:
                     ni = self.ni
-                    if link.tx.consumer_sleeping:
+                    if written == WRITTEN_WAKE:
                         ni.wakeups_sent += 1
                         link.wake_peer()
                     inline = data if type(data) is bytes else bytes(data)
                     descriptor = SendDescriptor(
                         channel, inline=inline, status=DescriptorStatus.INJECTED
                     )
-                    length = len(inline)
                     self.sent += 1
                     self.sent_bytes += length
                     ni.sent += 1
@@ -141,6 +141,75 @@ class ShmEndpoint(Endpoint):
         except trio.WouldBlock:
             self.ni.progress()
             return super().send_nowait(channel, data, dest_offset=dest_offset)
+
+    def send_many(self, channel: int, messages: Iterable[bytes | bytearray | memoryview]) -> int:
+        """:meth:`Endpoint.send_many` (same contract) in one pass: with nothing queued, the
+        messages go straight into the peer's ring, any size, with one tail update and one
+        wake-up check; it stops where the ring is full.  A failed channel raises
+        :class:`PeerGone`."""
+        batch = self._check_batch(channel, messages)
+        link: ShmLink = self.channels[channel].tx_tag  # type: ignore[assignment]
+        if self.send_queue or link.failed is not None:
+            self._raise_if_failed(channel)
+            return super().send_many(channel, batch)
+        ring = link.tx
+        written = ring.write_many(batch)
+        if written is None:  # the peer broke the ring
+            self.ni.ring_broken(link, ring)
+            self._raise_if_failed(channel)
+            return 0
+        taken, nbytes = written
+        if taken < len(batch):
+            ring.set_producer_waiting(True)  # the consumer wakes us when it made room
+        ni = self.ni
+        if taken:
+            if ring.consumer_sleeping:
+                ni.wakeups_sent += 1
+                link.wake_peer()
+            self.sent += taken
+            self.sent_bytes += nbytes
+            ni.sent += taken
+            ni.sent_bytes += nbytes
+        return taken
+
+    def recv_many(self, limit: int = 64) -> list[Message]:
+        """:meth:`Endpoint.recv_many` (same contract) in one pass: with nothing queued and no
+        upcalls, each channel's ring gives up its messages with one head update and one check
+        for a waiting producer; channels take turns as in :meth:`poll`."""
+        if self.recv_queue or self._upcalls or self._upcall_error is not None or self.closed:
+            if not self.recv_queue and not self.closed:
+                self.ni.progress()
+            return super().recv_many(limit)
+        if limit < 1:
+            raise ValueError(f"recv_many: limit must be at least 1, got {limit}")
+        out: list[Message] = []
+        links = self._rx_links
+        ni = self.ni
+        for index, (link, channel) in enumerate(links):
+            ring = link.rx
+            if not ring.pending:
+                continue
+            corrupt = ring.corrupt
+            chunk, nbytes = ring.read_many(limit - len(out))
+            if ring.corrupt != corrupt:
+                ni.ring_broken(link, ring, self)
+            if ring.producer_waiting:
+                ring.set_producer_waiting(False)
+                link.wake_peer()
+            if not chunk:
+                continue
+            out += [Message(channel, data) for data in chunk]
+            self.received += len(chunk)
+            self.received_bytes += nbytes
+            ni.received += len(chunk)
+            ni.received_bytes += nbytes
+            if len(out) >= limit:
+                if len(links) > 1:  # the next call starts with the channels after this one
+                    links.append(links.pop(index))
+                break
+        if not out and ni.tx_blocked:
+            ni.progress()
+        return out
 
     async def send(
         self, channel: int, data: bytes | bytearray | memoryview, *, dest_offset: int | None = None

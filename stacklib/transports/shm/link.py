@@ -70,6 +70,7 @@ class ShmLink:
         ]
         self.tx = rings[side]
         self.rx = rings[peer]
+        self.rx.wake_producer = self.wake_peer
         self._peer_word = SIDE_WORD[peer]
         own = SIDE_WORD[side]
         self._words[own] = os.getpid()
@@ -91,6 +92,8 @@ class ShmLink:
     # ---------------------------------------------------------------- wake-ups
     def wake_peer(self) -> None:
         """Write one byte to the peer node's wake FIFO (only called when it sleeps)."""
+        if self.closed:
+            return
         fd = self._peer_wake
         if fd is None:
             fd = self._peer_wake = self.ni.open_wake(self.remote.node)

@@ -23,7 +23,7 @@ from stacklib.sim import Host
 from stacklib.transports.shm.endpoint import ShmEndpoint
 from stacklib.transports.shm.link import ShmLink
 from stacklib.transports.shm.region import NODE_NAME, ShmAddress
-from stacklib.transports.shm.ring import Ring
+from stacklib.transports.shm.ring import WRITTEN_WAKE, Ring
 from stacklib.unet.endpoint import Channel, DropReason, Endpoint
 from stacklib.unet.ni import Payload
 from stacklib.unet.polled import PolledNI
@@ -151,7 +151,7 @@ class ShmNI(PolledNI):
             ring.set_producer_waiting(True)
             self.tx_blocked = True
             return False
-        if ring.consumer_sleeping:
+        if written == WRITTEN_WAKE:
             self.wakeups_sent += 1
             link.wake_peer()
         self.injected(endpoint, descriptor, len(data))

@@ -20,12 +20,16 @@ error.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable, Sequence
 
 from stacklib.unet.ni import Payload
 
 RECORD_HEADER = struct.Struct("<II")  # length, kind
 KIND_MESSAGE = 1
 KIND_PAD = 2
+#: :meth:`Ring.try_write`'s results for a written message: the consumer is awake, or asleep.
+WRITTEN = 1
+WRITTEN_WAKE = 2
 ALIGN = 16
 #: Word offsets within a ring's block of the header page (see ``region.RING_WORD``).
 _TAIL, _HEAD, _SLEEPING, _WAITING = 0, 8, 16, 24
@@ -57,6 +61,7 @@ class Ring:
         "data",
         "error",
         "max_message",
+        "wake_producer",
     )
 
     def __init__(self, words: memoryview, base: int, data: memoryview, max_message: int) -> None:
@@ -72,6 +77,9 @@ class Ring:
         self.corrupt = 0
         #: Why the ring broke (which value the peer wrote), or None while it is sound.
         self.error: str | None = None
+        #: Called by :meth:`take` when it made room for a producer that waits (the link sets
+        #: it to its wake-up of the peer).
+        self.wake_producer: Callable[[], object] | None = None
         self._tail = self._head = self._cached_head = 0
         # Counters found in the region when this side attaches come from shared memory too.
         tail = words[base + _TAIL]
@@ -84,11 +92,13 @@ class Ring:
             self._head = self._cached_head = head
 
     # ---------------------------------------------------------------- producer
-    def try_write(self, payload: Payload) -> bool | None:
-        """Append one message; False if the ring is full (back-pressure); None if the ring is
-        broken (the consumer published an impossible head, now or before)."""
+    def try_write(self, payload: Payload) -> int | None:
+        """Append one message: :data:`WRITTEN`, or :data:`WRITTEN_WAKE` when the consumer
+        sleeps (the caller wakes it: the flag is read here, saving the caller a call); 0 if the
+        ring is full (back-pressure); None if the ring is broken (the consumer published an
+        impossible head, now or before)."""
         n = len(payload)
-        size = _align(8 + n)
+        size = (n + 8 + ALIGN - 1) & ~(ALIGN - 1)  # _align, inlined: once per message
         tail = self._tail
         capacity = self.capacity
         offset = tail % capacity
@@ -104,7 +114,7 @@ class Ring:
                 return None
             self._cached_head = head
             if tail + need - head > capacity:
-                return False
+                return 0
         data = self.data
         if size > to_end:
             RECORD_HEADER.pack_into(data, offset, to_end, KIND_PAD)
@@ -115,8 +125,52 @@ class Ring:
         tail += size
         self._tail = tail
         # Published after the record: x86-64 keeps the two stores in this order.
-        self._words[self._base + _TAIL] = tail
-        return True
+        words = self._words
+        base = self._base
+        words[base + _TAIL] = tail
+        return WRITTEN_WAKE if words[base + _SLEEPING] else WRITTEN
+
+    def write_many(self, messages: Sequence[Payload]) -> tuple[int, int] | None:
+        """Append ``messages`` in order while they fit, publishing the tail once at the end;
+        returns (messages, bytes) written (a prefix: fewer when the ring filled up), or None
+        if the ring is broken.  Lengths are the caller's to check against ``max_message``."""
+        tail = self._tail
+        capacity = self.capacity
+        room = self._cached_head + capacity  # the tail may advance up to here
+        data = self.data
+        pack = RECORD_HEADER.pack_into
+        count = nbytes = 0
+        for payload in messages:
+            n = len(payload)
+            size = (n + 8 + ALIGN - 1) & ~(ALIGN - 1)
+            offset = tail % capacity
+            to_end = capacity - offset
+            need = size if size <= to_end else to_end + size
+            if tail + need > room:
+                if self.error is not None:
+                    return None
+                head = self._words[self._base + _HEAD]
+                if head % ALIGN or head < self._cached_head or head > self._tail:
+                    self._break(f"the consumer published head {head} (tail {self._tail})")
+                    return None
+                self._cached_head = head
+                room = head + capacity
+                if tail + need > room:
+                    break
+            if size > to_end:
+                pack(data, offset, to_end, KIND_PAD)
+                tail += to_end
+                offset = 0
+            pack(data, offset, n, KIND_MESSAGE)
+            data[offset + 8 : offset + 8 + n] = payload
+            tail += size
+            count += 1
+            nbytes += n
+        if count:
+            self._tail = tail
+            # Published once, after every record: x86-64 keeps the stores in this order.
+            self._words[self._base + _TAIL] = tail
+        return count, nbytes
 
     @property
     def consumer_sleeping(self) -> bool:
@@ -165,6 +219,103 @@ class Ring:
                 return None
             return self.data[offset + 8 : offset + 8 + length]
         return None
+
+    def take(self) -> bytes | None:
+        """A copy of the next message, its record freed at once, or None: :meth:`peek`, the
+        copy and :meth:`release` in one call (the single-message receive path).  A producer
+        waiting for room has its flag cleared and is woken through :attr:`wake_producer`."""
+        head = self._head
+        words = self._words
+        base = self._base
+        tail = words[base + _TAIL]
+        if head == tail:
+            return None
+        capacity = self.capacity
+        avail = tail - head
+        if avail < 0 or avail > capacity or avail % ALIGN:
+            self._break(f"the producer published tail {tail} (head {head})")
+            return None
+        data = self.data
+        offset = head % capacity
+        length, kind = RECORD_HEADER.unpack_from(data, offset)
+        if kind == KIND_PAD:
+            if length != capacity - offset or length > avail:
+                self._break(f"a pad record of length {length} at offset {offset}")
+                return None
+            head += length
+            avail -= length
+            if not avail:
+                self._head = head
+                words[base + _HEAD] = head
+                return None
+            offset = 0
+            length, kind = RECORD_HEADER.unpack_from(data, 0)
+        size = (length + 8 + ALIGN - 1) & ~(ALIGN - 1)
+        if (
+            kind != KIND_MESSAGE
+            or length > self.max_message
+            or size > capacity - offset
+            or size > avail
+        ):
+            self._break(f"a record of kind {kind} and length {length} at offset {offset}")
+            return None
+        message = bytes(data[offset + 8 : offset + 8 + length])
+        head += size
+        self._head = head
+        words[base + _HEAD] = head
+        if words[base + _WAITING]:  # the producer waits for room: we just made some
+            words[base + _WAITING] = 0
+            if self.wake_producer is not None:
+                self.wake_producer()
+        return message
+
+    def read_many(self, limit: int) -> tuple[list[bytes], int]:
+        """Copies of up to ``limit`` waiting messages and their total bytes, freeing their
+        records with one head update.  Checks every record as :meth:`peek` does; a bad one
+        breaks the ring, and the sound messages before it are still returned."""
+        out: list[bytes] = []
+        head = self._head
+        words = self._words
+        base = self._base
+        tail = words[base + _TAIL]
+        if head == tail:
+            return out, 0
+        capacity = self.capacity
+        avail = tail - head
+        if avail < 0 or avail > capacity or avail % ALIGN:
+            self._break(f"the producer published tail {tail} (head {head})")
+            return out, 0
+        data = self.data
+        unpack = RECORD_HEADER.unpack_from
+        largest = self.max_message
+        append = out.append
+        left = limit
+        nbytes = 0
+        while head != tail and left:
+            offset = head % capacity
+            length, kind = unpack(data, offset)
+            if kind == KIND_PAD:
+                if length != capacity - offset or length > tail - head:
+                    self._break(f"a pad record of length {length} at offset {offset}")
+                    return out, nbytes
+                head += length
+                continue
+            size = (length + 8 + ALIGN - 1) & ~(ALIGN - 1)
+            if (
+                kind != KIND_MESSAGE
+                or length > largest
+                or size > capacity - offset
+                or size > tail - head
+            ):
+                self._break(f"a record of kind {kind} and length {length} at offset {offset}")
+                return out, nbytes
+            append(bytes(data[offset + 8 : offset + 8 + length]))
+            head += size
+            nbytes += length
+            left -= 1
+        self._head = head
+        words[base + _HEAD] = head
+        return out, nbytes
 
     def release(self, view: memoryview) -> None:
         """Free the record :meth:`peek` returned."""

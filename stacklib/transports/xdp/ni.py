@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from stacklib.errors import ChannelError, UNetError
+from stacklib.errors import ChannelError
 from stacklib.sim import Host
 from stacklib.transports.ether import EtherAddress, remote_mac
 from stacklib.transports.socket_ni import HandleNI
@@ -360,7 +360,9 @@ class XdpEndpoint(PolledEndpoint):
         With nothing queued it takes every frame for this endpoint at the head of the RX
         ring in one pass and returns their buffers to FILL at once; the first frame that is
         not (another endpoint's, malformed, for another MAC) ends the pass and the rest go
-        through :meth:`poll`."""
+        through :meth:`poll`.  The contract is :meth:`Endpoint.recv_many`'s."""
+        if limit < 1:
+            raise ValueError(f"recv_many: limit must be at least 1, got {limit}")
         out: list[Message] = []
         if not (self.recv_queue or self._upcalls or self._upcall_error is not None or self.closed):
             ni = self.ni
@@ -403,6 +405,8 @@ class XdpEndpoint(PolledEndpoint):
             if message is None:
                 break
             out.append(message)
+        if not out and self.closed:
+            self.check_open()
         return out
 
     def send_nowait(
@@ -429,21 +433,16 @@ class XdpEndpoint(PolledEndpoint):
     def send_many(self, channel: int, messages: Iterable[bytes | bytearray | memoryview]) -> int:
         """Send ``messages`` in order with one wake-up of the kernel per batch it takes
         (``ni.xsk.tx_budget`` frames); returns how many were taken (fewer when every send
-        buffer is in flight, or the send queue filled up).  A message above ``max_message`` raises
-        :class:`~stacklib.errors.UNetError` before anything is sent.
+        buffer is in flight, or the send queue filled up).  The contract is
+        :meth:`Endpoint.send_many`'s: a closed endpoint, an unknown channel or a message above
+        ``max_message`` raises before anything is sent.
 
         With nothing queued the frames go straight from the caller's bytes into the UMEM in
         one pass (no descriptor objects); otherwise each takes the general path."""
+        batch = self._check_batch(channel, messages)
         ni = self.ni
-        entry = self.channels.get(channel)
-        if entry is not None and not self.send_queue and not self.closed and not ni.tx_paused:
-            batch = messages if isinstance(messages, Sequence) else list(messages)
-            limit = ni.max_message
-            for data in batch:
-                if len(data) > limit:
-                    raise UNetError(
-                        f"message of {len(data)} bytes exceeds the NI's maximum of {limit}"
-                    )
+        entry = self.channels[channel]
+        if not self.send_queue and not ni.tx_paused:
             taken, nbytes = ni.write_frames(entry.tx_tag, batch)  # type: ignore[arg-type]
             self.sent += taken
             self.sent_bytes += nbytes
@@ -453,7 +452,7 @@ class XdpEndpoint(PolledEndpoint):
         ni._batching = True
         taken = 0
         try:
-            for data in messages:
+            for data in batch:
                 try:
                     self.send_nowait(channel, data)
                 except trio.WouldBlock:
