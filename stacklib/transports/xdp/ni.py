@@ -400,13 +400,8 @@ class XdpEndpoint(PolledEndpoint):
                     self.received_bytes += nbytes
                     ni.received += taken
                     ni.received_bytes += nbytes
-        while len(out) < limit:
-            message = self.poll()
-            if message is None:
-                break
-            out.append(message)
-        if not out and self.closed:
-            self.check_open()
+        if len(out) < limit:  # the rest, and a closed endpoint's error, the general way
+            out += super().recv_many(limit - len(out))
         return out
 
     def send_nowait(
