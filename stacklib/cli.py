@@ -235,7 +235,7 @@ def cmd_faults(args: argparse.Namespace) -> int:
 def cmd_spawn(args: argparse.Namespace) -> int:
     from stacklib.launch import cmd_spawn as spawn
 
-    return spawn(args.n, args.program, args.args, args.transport, args.netns)
+    return spawn(args.n, args.program, args.args, args.transport, args.netns, args.pure)
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
@@ -507,6 +507,12 @@ def _add_spawn(commands: argparse._SubParsersAction[Any]) -> None:
         "--netns",
         action="store_true",
         help="each rank in a network namespace of its own, the namespaces bridged (root)",
+    )
+    p.add_argument(
+        "--pure",
+        action="store_true",
+        help="the ranks run the pure Python modules even where a compiled copy (stacklib "
+        "compile) exists",
     )
     p.add_argument("program", metavar="PROGRAM", help="a Python file or a module name")
     p.add_argument("args", metavar="ARGS", nargs=argparse.REMAINDER, help="its arguments")

@@ -423,8 +423,13 @@ def spawn(
     rendezvous: str | None = None,
     grace: float = 2.0,
     netns: bool = False,
+    pure: bool = False,
 ) -> int:
     """Run ``n`` ranks of ``program`` to completion; the exit status of the first to fail, or 0.
+
+    The ranks run the compiled hot path (``stacklib compile``) where a copy of these sources
+    exists, as ``stacklib splitc run``'s do, unless ``pure`` or this process's environment
+    already says (``STACKLIB_COMPILED``, which is then passed on as it is).
 
     When a rank fails the others get SIGTERM, then SIGKILL after ``grace`` seconds.  The
     rendezvous directory (made under /dev/shm unless given) is removed at the end.
@@ -450,8 +455,25 @@ def spawn(
         raise LaunchError("--netns applies to udp, ether and xdp, not shm")
     with contextlib.ExitStack() as stack:
         places = _rank_places(stack, n) if netns else None
-        return _spawn(n, program, args, transport, rendezvous, grace, places)
+        return _spawn(n, program, args, transport, rendezvous, grace, places, pure)
     raise AssertionError("unreachable")  # pragma: no cover - mypy: ExitStack may swallow
+
+
+def _compiled_environment(pure: bool) -> dict[str, str]:
+    """This process's environment for the ranks, with the compiled copy where one matches the
+    sources (see :func:`spawn`); says so on stderr when it is used."""
+    from stacklib import compiled
+
+    env = dict(os.environ)
+    if pure:
+        env[compiled.ENVIRONMENT] = "0"
+    elif compiled.ENVIRONMENT not in env:
+        extra = compiled.worker_environment()
+        if extra:
+            env.update(extra)
+            where = extra[compiled.ENVIRONMENT]
+            print(f"stacklib spawn: ranks run the compiled hot path in {where}", file=sys.stderr)
+    return env
 
 
 def _rank_places(stack: contextlib.ExitStack, n: int) -> list[tuple[str, str]]:
@@ -476,8 +498,10 @@ def _spawn(
     rendezvous: str | None,
     grace: float,
     places: list[tuple[str, str]] | None,
+    pure: bool = False,
 ) -> int:
     owns = rendezvous is None
+    base_env = _compiled_environment(pure)
     if rendezvous is None:
         base = "/dev/shm" if os.path.isdir("/dev/shm") else None
         rendezvous = tempfile.mkdtemp(prefix="stacklib-spawn-", dir=base)
@@ -486,7 +510,7 @@ def _spawn(
     pidfds: dict[int, int] = {}
     try:
         for rank in range(n):
-            env = dict(os.environ)
+            env = dict(base_env)
             env.update(
                 STACKLIB_RANK=str(rank),
                 STACKLIB_SIZE=str(n),
@@ -541,7 +565,12 @@ def _stop(processes: Sequence[subprocess.Popen[bytes]], grace: float) -> None:
 
 
 def cmd_spawn(
-    n: int, program: str, args: Sequence[str], transport: str = "shm", netns: bool = False
+    n: int,
+    program: str,
+    args: Sequence[str],
+    transport: str = "shm",
+    netns: bool = False,
+    pure: bool = False,
 ) -> int:
     """What ``stacklib spawn`` runs (the CLI wires its arguments here).
 
@@ -554,7 +583,7 @@ def cmd_spawn(
 
     previous = signal.signal(signal.SIGTERM, terminate)
     try:
-        return spawn(n, program, args, transport=transport, netns=netns)
+        return spawn(n, program, args, transport=transport, netns=netns, pure=pure)
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -565,7 +594,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_arguments(parser)
     parsed = parser.parse_args(argv)
     try:
-        return cmd_spawn(parsed.n, parsed.program, parsed.args, parsed.transport, parsed.netns)
+        return cmd_spawn(
+            parsed.n, parsed.program, parsed.args, parsed.transport, parsed.netns, parsed.pure
+        )
     except LaunchError as error:
         print(f"stacklib spawn: {error}", file=sys.stderr)
         return 2
@@ -582,6 +613,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="each rank in a network namespace of its own, the namespaces bridged (root; "
         "needed for ether and xdp)",
+    )
+    parser.add_argument(
+        "--pure",
+        action="store_true",
+        help="the ranks run the pure Python modules even where a compiled copy exists",
     )
     parser.add_argument("program", metavar="PROGRAM", help="a Python file or module name")
     parser.add_argument("args", metavar="ARGS", nargs=argparse.REMAINDER, help="its arguments")

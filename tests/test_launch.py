@@ -236,3 +236,38 @@ def test_the_documented_example_runs(tmp_path: Path) -> None:
     result = run_spawn("-n", "3", str(program))
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.splitlines()) == 6  # each rank hears from the two others
+
+
+@pytest.mark.parametrize(
+    ("pure", "preset", "expected"),
+    [
+        (False, None, "/cache/compiled/abc"),  # a copy of these sources exists: used
+        (True, None, "0"),  # --pure: never
+        (False, "0", "0"),  # the caller's own setting is passed on as it is
+    ],
+)
+def test_ranks_run_the_compiled_copy_where_one_exists(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    pure: bool,
+    preset: str | None,
+    expected: str,
+) -> None:
+    from stacklib import compiled
+    from stacklib.launch import spawn
+
+    copy = {compiled.ENVIRONMENT: "/cache/compiled/abc"}
+    monkeypatch.setattr(compiled, "worker_environment", lambda: copy)
+    if preset is None:
+        monkeypatch.delenv(compiled.ENVIRONMENT, raising=False)
+    else:
+        monkeypatch.setenv(compiled.ENVIRONMENT, preset)
+    program = tmp_path / "show.py"  # imports no stacklib: the path above is made up
+    program.write_text(
+        "import os, sys\n"
+        "rank = os.environ['STACKLIB_RANK']\n"
+        f"open(os.path.join({str(tmp_path)!r}, 'env' + rank), 'w')"
+        ".write(os.environ.get('STACKLIB_COMPILED', 'unset'))\n"
+    )
+    assert spawn(2, str(program), pure=pure) == 0
+    assert [(tmp_path / f"env{rank}").read_text() for rank in (0, 1)] == [expected] * 2
