@@ -274,22 +274,29 @@ def in_namespace(name: str) -> bool:
     return (wanted.st_dev, wanted.st_ino) == (current.st_dev, current.st_ino)
 
 
+def check_one_node(transport: str, names: Sequence[str], namespace: str | None) -> None:
+    """What a transport with one node per process (ether, xdp) asks of a recipe's network:
+    one node, and this process in the recipe's ``namespace`` if it names one; ValueError
+    naming the problem otherwise."""
+    if len(names) != 1:
+        raise ValueError(
+            f"the {transport} transport builds one node per process (its interface's), got "
+            f"{len(names)}; start the peers as separate processes on their own interfaces"
+        )
+    if namespace is not None and not in_namespace(namespace):
+        raise ValueError(
+            f"the {transport} transport wants namespace {namespace!r}: run this process with "
+            f"`ip netns exec {namespace} ...`"
+        )
+
+
 def _build(
     world: World, params: EtherParams, names: Sequence[str], profile: CostProfile | None
 ) -> EtherNetwork:
     """Recipes build every node in one process; ether has one node per host (per interface),
     so only a one-node network can be built this way.  Its peers are other processes on other
     interfaces, started separately (``python -m stacklib.bench.peers.ether --peer``)."""
-    if len(names) != 1:
-        raise ValueError(
-            f"the ether transport builds one node per process (its interface's), got {len(names)}"
-            "; start the peers as separate processes on their own interfaces"
-        )
-    if params.namespace is not None and not in_namespace(params.namespace):
-        raise ValueError(
-            f"the ether transport wants namespace {params.namespace!r}: run this process with "
-            f"`ip netns exec {params.namespace} ...`"
-        )
+    check_one_node("ether", names, params.namespace)
     network = EtherNetwork(params.interface, world, inline_threshold=params.inline_threshold)
     network.add_node(names[0], profile)
     return network

@@ -25,7 +25,7 @@ import attrs
 from stacklib.sim import World
 from stacklib.sim.costs import CostProfile
 from stacklib.transports import TransportKind, register_transport
-from stacklib.transports.ether import in_namespace
+from stacklib.transports.ether import check_one_node
 from stacklib.transports.xdp.network import SPIN_TIME, XdpNetwork
 from stacklib.transports.xdp.ni import XdpEndpoint, XdpNI
 from stacklib.transports.xdp.xsk import XskLayout
@@ -60,16 +60,7 @@ def _build(
     world: World, params: XdpParams, names: Sequence[str], profile: CostProfile | None
 ) -> XdpNetwork:
     """One node per process, as for ether: peers are other processes on other interfaces."""
-    if len(names) != 1:
-        raise ValueError(
-            f"the xdp transport builds one node per process (its interface's), got {len(names)}"
-            "; start the peers as separate processes on their own interfaces"
-        )
-    if params.namespace is not None and not in_namespace(params.namespace):
-        raise ValueError(
-            f"the xdp transport wants namespace {params.namespace!r}: run this process with "
-            f"`ip netns exec {params.namespace} ...`"
-        )
+    check_one_node("xdp", names, params.namespace)
     network = XdpNetwork(
         params.interface,
         world,
