@@ -37,11 +37,13 @@ __all__ = [
     "bridged_namespaces",
     "capability_problem",
     "links",
+    "local_veth",
     "namespaces",
     "netns",
     "netns_argv",
     "ping_argv",
     "remove_stale",
+    "remove_stale_links",
     "run_in",
     "veth_pair",
 ]
@@ -138,6 +140,34 @@ def remove_stale(name_prefix: str) -> list[str]:
         match = pattern.fullmatch(name)
         if match and not _alive(int(match.group(1))):
             _ip("netns", "delete", name)
+            removed.append(name)
+    return removed
+
+
+@contextmanager
+def local_veth(name_prefix: str) -> Iterator[tuple[str, str]]:
+    """Both ends of a veth pair in this process's namespace, up, without addresses, named
+    ``PREFIX<pid>a`` and ``PREFIX<pid>b``; deleted on exit even on error (deleting one end
+    takes the other)."""
+    if not _NAME.fullmatch(name_prefix):
+        raise ValueError(f"name_prefix must match {_NAME.pattern}, got {name_prefix!r}")
+    a, b = f"{name_prefix}{os.getpid()}a", f"{name_prefix}{os.getpid()}b"
+    veth_pair(None, None, name_a=a, name_b=b)
+    try:
+        yield a, b
+    finally:
+        _ip("link", "del", a, check=False)
+
+
+def remove_stale_links(name_prefix: str) -> list[str]:
+    """Delete veth pairs made by :func:`local_veth` with this prefix in processes that have
+    exited (a run killed before its clean-up); returns the names deleted."""
+    pattern = re.compile(rf"{re.escape(name_prefix)}(\d+)[ab]")
+    removed = []
+    for name in links():
+        match = pattern.fullmatch(name)
+        if match and not _alive(int(match.group(1))):
+            _ip("link", "del", name, check=False)
             removed.append(name)
     return removed
 

@@ -8,7 +8,6 @@ namespace on the far end.  Every interface and namespace is removed, even on fai
 from __future__ import annotations
 
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -22,9 +21,11 @@ from stacklib.errors import ChannelError, UNetError
 from stacklib.netns import (
     capability_problem,
     links,
+    local_veth,
     namespaces,
     netns,
     remove_stale,
+    remove_stale_links,
     run_in,
     veth_pair,
 )
@@ -45,7 +46,6 @@ PROBLEM = capability_problem()
 pytestmark = pytest.mark.skipif(PROBLEM is not None, reason=PROBLEM or "")
 
 PREFIX = "sltether"
-LINK = re.compile(r"sle(\d+)[ab]")
 SIZES = [0, 1, 39, 40, 41, 43, 64, 65, 100, 1000, 1496, MAX_MESSAGE]
 
 
@@ -53,21 +53,14 @@ SIZES = [0, 1, 39, 40, 41, 43, 64, 65, 100, 1000, 1496, MAX_MESSAGE]
 def _no_leftovers_from_killed_runs() -> None:
     if PROBLEM is None:
         remove_stale(PREFIX)
-        for name in links():
-            match = LINK.fullmatch(name)
-            if match and not os.path.exists(f"/proc/{match.group(1)}"):
-                subprocess.run(["ip", "link", "del", name], check=False, capture_output=True)
+        remove_stale_links("sle")
 
 
 @pytest.fixture
 def veth() -> Iterator[tuple[str, str]]:
     """Both ends of a veth pair in this namespace, up, without addresses."""
-    a, b = f"sle{os.getpid()}a", f"sle{os.getpid()}b"
-    veth_pair(None, None, name_a=a, name_b=b)
-    try:
+    with local_veth("sle") as (a, b):
         yield a, b
-    finally:
-        subprocess.run(["ip", "link", "del", a], check=False, capture_output=True)
     assert a not in links() and b not in links()
 
 

@@ -11,7 +11,6 @@ import errno
 import hashlib
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -23,7 +22,15 @@ import pytest
 import trio
 
 from stacklib.errors import ChannelError, UNetError
-from stacklib.netns import capability_problem, links, netns, netns_argv, veth_pair
+from stacklib.netns import (
+    capability_problem,
+    links,
+    local_veth,
+    netns,
+    netns_argv,
+    remove_stale_links,
+    veth_pair,
+)
 from stacklib.transports import TRANSPORTS
 from stacklib.transports.ether import EtherAddress
 from stacklib.transports.xdp import XdpNetwork, XdpParams, XskLayout
@@ -37,28 +44,20 @@ from stacklib.wire import unet_eth
 PROBLEM = capability_problem() or bpf_problem() or xdp_problem()
 pytestmark = pytest.mark.skipif(PROBLEM is not None, reason=PROBLEM or "")
 
-LINK = re.compile(r"slx(\d+)[ab]")
 SOURCE = "02:00:00:00:00:09"
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _no_leftovers_from_killed_runs() -> None:
     if PROBLEM is None:
-        for name in links():
-            match = LINK.fullmatch(name)
-            if match and not os.path.exists(f"/proc/{match.group(1)}"):
-                subprocess.run(["ip", "link", "del", name], check=False, capture_output=True)
+        remove_stale_links("slx")
 
 
 @pytest.fixture
 def veth() -> Iterator[tuple[str, str]]:
-    """Both ends of a veth pair in this namespace, up, addressed (so the kernel uses them)."""
-    a, b = f"slx{os.getpid()}a", f"slx{os.getpid()}b"
-    veth_pair(None, None, name_a=a, name_b=b)
-    try:
+    """Both ends of a veth pair in this namespace, up, without addresses."""
+    with local_veth("slx") as (a, b):
         yield a, b
-    finally:
-        subprocess.run(["ip", "link", "del", a], check=False, capture_output=True)
     assert a not in links() and b not in links()
 
 
