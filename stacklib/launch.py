@@ -188,8 +188,7 @@ def shm_spin_time(size: int, env: Mapping[str, str] | None = None) -> float:
     """How long a rank's blocking calls over shm spin before sleeping, with ``size`` ranks on
     this host: ``STACKLIB_SPIN_US`` if set; else shm's default while every rank can have a CPU
     of its own, and no spin once the ranks outnumber the CPUs, where a spinning rank holds the
-    CPU that the rank it waits for needs (rsortsm over shm on 2 cores, pure: 2 ranks 1.7x
-    slower without the spin, 4 ranks 1.06x and 8 ranks 1.2x faster; docs/launching.md)."""
+    CPU that the rank it waits for needs (docs/launching.md has the measurements)."""
     from stacklib.transports.shm import SPIN_TIME
 
     env = os.environ if env is None else env

@@ -45,7 +45,7 @@ __all__ = [
     "stacklib_transfer",
 ]
 
-#: The issue's target: 2048-byte segments per second on one core.
+#: The target: 2048-byte segments per second on one core.
 TARGET_SEGMENTS_PER_S = 30_000
 _A, _B = "10.0.0.1", "10.0.0.2"
 _PORT = 5001

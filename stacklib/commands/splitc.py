@@ -97,7 +97,7 @@ def rank_environment(pure: bool) -> dict[str, str]:
         print(f"ranks run the compiled hot path in {where} (stacklib compile)", file=sys.stderr)
     else:
         env[compiled.ENVIRONMENT] = "0"
-        hint = "" if pure else " (`stacklib compile` makes a blocking write about 1.7x faster)"
+        hint = "" if pure else " (`stacklib compile` makes a blocking write faster)"
         print(f"ranks run the pure Python modules{hint}", file=sys.stderr)
     return env
 

@@ -419,7 +419,7 @@ def engine_line(pure: bool = False) -> str:
         )
     return (
         "simulating with the pure Python modules (`stacklib compile`, with mypyc, makes "
-        "the simulation about 2.6x faster)"
+        "the simulation several times faster)"
     )
 
 
@@ -432,7 +432,7 @@ def prepare_engine(pure: bool, progress: Callable[[str], None]) -> None:
     if not compiled.can_build():
         progress(
             "no compiled hot path: `pip install 'stacklib[fast]'` (mypyc) and it is built "
-            "before a full run, 2.6x faster; running the pure Python modules"
+            "before a full run, several times faster; running the pure Python modules"
         )
         return
     progress(

@@ -1,29 +1,12 @@
 """How fast the simulator is: wall time per heap event and per trio wake-up.
 
-Run ``python -m stacklib.sim._bench [n]``.  Measured on the project's 2-core Linux VM, Python
-3.11.7, trio 0.35, n = 200,000, medians of 3 runs (compare ratios; absolute figures drift):
-
-=====================================================  ==========
-heap event (a callback that schedules the next one)    0.21 us
-ping-pong round trip between two tasks via the heap    8.3 us
-  i.e. per wake-up of a parked task                    4.2 us
-``Resource.use`` by one task (hold + park + wake)      4.8 us
-``trio.sleep`` in virtual time (clock autojump)        13.5 us
-=====================================================  ==========
-
-Since the inline charge (world.py), a task alone charging a cost no event or deadline
-interrupts moves the clock without parking: ``use_us`` is then 0.5-0.7 us, and
-``use_parked_us`` (``Simulation(inline_charges=False)``) is the parked figure above, 4.8-5.6 us
-(2026-11-23, same VM under load from other jobs).
-
-A wake-up is one pass of trio's run loop: the heap events run inside the clock's
-``deadline_to_sleep_time`` (world.py), and the task they wake runs in that same pass.  (With a
-driver task that first waited for the loop to go idle it took three passes: 14.4 us per
-wake-up, 15.2 us per ``use``.)  ``trio.sleep`` costs more than a wake-up because of trio's cancel
-scope and the Cancelled exception behind it, not the clock.  So a model should spend heap events
-freely below the application boundary and wake a trio task once per message it delivers
-(docs/performance.md "Virtual time").  The numbers in this docstring are the ones this function
-printed; this is a measurement, not a test.
+Run ``python -m stacklib.sim._bench [n]``: it prints, in microseconds of wall time, a heap event
+(a callback that schedules the next one), a ping-pong round trip between two tasks through heap
+events (two wake-ups of a parked task), ``Resource.use`` by one task alone (the inline charge,
+world.py) and parked (``Simulation(inline_charges=False)``), and ``trio.sleep`` in virtual time.
+A measurement, not a test: the figures, with the machine and date, are in docs/performance.md
+("Virtual time"), which also says what they mean for a model (spend heap events freely below
+the application boundary; wake a trio task once per message it delivers).
 """
 
 from __future__ import annotations

@@ -1,63 +1,34 @@
 """The two worlds stacklib code runs in: real time, or a deterministic simulation.
 
-All stacklib code takes time from trio and schedules work through a :class:`World`.  One code
-path serves both worlds (docs: docs/architecture.md "Time and cost"):
+All stacklib code takes time from trio and schedules work through a :class:`World`; one code
+path serves both (docs/architecture.md, "Time and cost", explains the design):
 
 * :class:`RealWorld`: real transports; time is ``trio.current_time()``; scheduled callbacks run
   at once, because a real system has already spent the modeled time for real.
 * :class:`Simulation`: virtual time.  NI models, links, switches and the sans-IO protocol cores
-  below the application run as plain callbacks from a heap of timed events; trio tasks are woken
-  only at the application boundary.  A heap event costs about 0.2 us, waking a parked task
-  about 4 us and a ``trio.sleep`` in virtual time about 13 us (``_bench.py``;
-  docs/performance.md "Virtual time"), which is why modeled costs are heap events and not
-  sleeps.
+  below the application run as plain callbacks from a heap of timed events, popped by the
+  virtual clock when trio has no runnable task; trio tasks are woken only at the application
+  boundary, at the virtual instant of the event that woke them.
 
-How a simulation runs inside trio.  trio asks its clock how long to sleep
-(``deadline_to_sleep_time``) exactly when its run queue is empty, i.e. when every task is parked;
-the simulation answers from inside that call.  It pops heap events in time order, never past
-trio's next deadline (the argument), moving the clock to each event's time, and stops right after
-an event that made a task runnable: it answers 0, and trio runs the woken task in that same pass,
-at that very instant, before any later event.  With no event before trio's deadline the clock
-moves onto the deadline and answers 0, and trio fires the timer in that same pass; with no
-events, no deadline and nobody in ``wait_all_tasks_blocked``, nothing can ever happen again:
-that is a deadlock, and the run ends with :class:`~stacklib.errors.Deadlock` naming the waiting
-tasks, where a trio program would hang (``Simulation(detect_deadlock=False)`` hangs too, for a
-run that waits for real I/O in virtual time).
-Events at equal times run in the order they were scheduled; events due at the same instant as a
-trio deadline run before the timer fires.  So a wake-up costs one pass of trio's loop (about
-4 us: the loop, an ``epoll(0)`` call, the instrument, the task's step), where a driver task that
-waited in ``wait_all_tasks_blocked`` for the loop to go idle cost three (about 15 us).
+Contracts of a simulation:
 
-The inline charge.  A task charging a modeled cost (:meth:`Resource.use`, e.g. the host's
-1.5 us to post a send) would park until an event of its own wakes it at the hold's end.  When
-that task is the only one trio runs in this pass (an event woke it alone and nothing has been
-scheduled since), no heap event and no trio deadline falls at or before the end, and no
-cancellation is pending, parking could only lead to one thing: the next pass pops that very
-event, moves the clock and runs this task alone again.  ``_charge_inline`` then moves the clock
-itself and the task goes on, sparing a pass of trio's loop (about 4 us), with the same times,
-the same order of everything else (an equal-time event or deadline makes it park) and the same
-checkpoint counters.  Only the simulator's own statistics differ (fewer events, wake-ups and
-passes); ``Simulation(inline_charges=False)`` parks for every charge, for comparison.
-:meth:`Resource.try_charge` is the same test without a coroutine (``Endpoint.send`` charges its
-host cost with it and awaits ``use`` only when it says no); heap callbacks never pass it.
-
-Whether an event woke a task is known from the clock's instrument counting ``task_scheduled``,
-so callbacks may use any trio primitive that works outside a task (``Event.set``, memory
-channels' ``send_nowait``, ``CancelScope.cancel``, ``trio.lowlevel.reschedule``,
-``spawn_system_task``).  Callbacks run in trio's run loop between passes, not in a task:
-``trio.lowlevel.current_task()`` and checkpoints are unavailable there, and a callback must not
-move a trio deadline earlier than the one being waited for (the clock would already be past it).
-
-``trio.testing.wait_all_tasks_blocked`` in a simulation returns once every task is parked and no
-heap event is due before trio's next deadline, before the clock jumps to that deadline (as under
-trio's ``MockClock``); a waiter that only waits again does not stall time (``clock.py``).
-
-A callback that raises ends the run: the simulation stops running events, stores the exception
-and wakes its watcher, a system task spawned with the first event of a run, which re-raises it.
-trio reports a crashed system task as :class:`trio.TrioInternalError` (the callback's exception
-is in its ``__cause__``); :meth:`Simulation.run` re-raises the callback's own exception instead.
-The watcher also ends event processing when the main task is done: its cancellation marks the
-run as shutting down, and pending events then wait for the next run.
+* Events run in time order, and in scheduling order at equal times; events due at the same
+  instant as a trio deadline run before the timer fires.
+* With no event, no trio deadline and nobody in ``wait_all_tasks_blocked``, the run ends with
+  :class:`~stacklib.errors.Deadlock` naming the waiting tasks (``detect_deadlock=False``: it
+  waits, for a run that waits for real I/O in virtual time).
+* A task charging a modeled cost that nothing else can interleave with moves the clock itself
+  instead of parking (``inline_charges=False`` parks for every charge): the same times, order
+  and checkpoint counters, fewer simulator events.  :meth:`Resource.try_charge` is that test
+  without a coroutine.
+* Callbacks run between trio's passes, not in a task: they may use trio primitives that work
+  outside a task (``Event.set``, ``send_nowait``, ``CancelScope.cancel``,
+  ``trio.lowlevel.reschedule``, ``spawn_system_task``), must not checkpoint, and must not move a
+  trio deadline earlier than the one being waited for.
+* ``trio.testing.wait_all_tasks_blocked`` returns once every task is parked and no heap event is
+  due before trio's next deadline, before the clock jumps to it (as under ``MockClock``).
+* A callback that raises ends the run; :meth:`Simulation.run` re-raises its exception (trio
+  itself would report a crashed system task as :class:`trio.TrioInternalError`).
 """
 
 from __future__ import annotations

@@ -37,25 +37,11 @@ for data too short or a ``Const`` mismatch; :class:`struct.error` never escapes.
 out of range for their field raises :class:`ValueError` naming the field (that is the caller's
 mistake, not malformed input); a wrong number of values raises :class:`TypeError`.
 
-Speed, in microseconds per call (Python 3.11.7, construct 2.10.70; 2-core AMD EPYC VM; best of
-3 ``timeit`` runs, median of 5; measured side by side, compare ratios, not absolute figures):
+Speed: the derived codec is one to two orders of magnitude faster than construct's interpreter
+and its ``compile()``d form (figures: docs/performance.md, "Wire formats").
 
-==================================  ======  ====  ==========  ==========  ==============
-header                              unpack  pack  construct   construct   plain struct
-                                                  parse/build compiled    unpack_from
-==================================  ======  ====  ==========  ==========  ==============
-free descriptor: 2 x u32            0.08    0.06  5.7 / 5.5   1.8 / 1.9   0.04
-send descriptor (BitStruct, pads)   0.21    0.12  15.9 / 15.5 9.3 / 9.7   --
-U-Net/FE header (Bytes, Const)      0.15    0.10  7.7 / 7.6   2.0 / 2.4   0.07
-==================================  ======  ====  ==========  ==========  ==============
-
-So the derived codec is 50-130x faster than construct's interpreter and 13-80x faster than
-construct's ``compile()``d form.  A format with no conversion and no check (the first row)
-unpacks straight through ``struct.unpack_from``; elsewhere the extra is the ``try``, the call,
-and building the tuple.
-
-The three functions are generated Python source (as ``collections.namedtuple`` once was): a
-generic loop over per-field converters measured 2.4-2.9x slower on the send descriptor header.
+The three functions are generated Python source (as ``collections.namedtuple`` once was),
+because a generic loop over per-field converters is markedly slower (docs/performance.md).
 Only integers and positional names made here appear in that source, never user-supplied text
 (constants and names are passed in through the namespace).
 """
