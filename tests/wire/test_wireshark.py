@@ -8,6 +8,7 @@ tshark is missing or built without Lua.
 from __future__ import annotations
 
 import functools
+import os
 import random
 import re
 import shutil
@@ -54,14 +55,23 @@ needs_tshark_lua = pytest.mark.skipif(_missing() is not None, reason=_missing() 
 WARNING = 0x00600000  #: the expert severity of a warning (PI_WARN); errors are above it
 
 
-def tshark(path: Path, *args: str, lua: bool = True) -> list[str]:
-    """tshark's output lines on ``path`` (with the dissector unless ``lua=False``)."""
+def tshark(path: Path, *args: str, lua: bool = True, home: Path | None = None) -> list[str]:
+    """tshark's output lines on ``path``, with the dissector unless ``lua=False``.
+
+    tshark runs with HOME at ``home`` (default: the capture's folder), so that it loads no
+    personal plugin but those the test put there: a copy of the dissector installed in the real
+    HOME would clash with the one given by ``-X lua_script``."""
     assert TSHARK is not None
     command = [TSHARK, "-n", "-r", str(path)]
     if lua:
         command += ["-X", f"lua_script:{LUA}"]
     done = subprocess.run(
-        [*command, *args], capture_output=True, text=True, timeout=60, check=False
+        [*command, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "HOME": str(home if home is not None else path.parent)},
     )
     assert done.returncode == 0, done.stderr
     assert "Lua" not in done.stderr, done.stderr  # a script error is printed, not raised
@@ -160,6 +170,17 @@ def test_the_dissector_ships_in_the_package_and_installs(
     assert capsys.readouterr().out.strip() == str(target / "stacklib.lua")
     assert (target / "stacklib.lua").read_bytes() == LUA.read_bytes()
     assert wireshark.personal_plugins_dir().parts[-4:] == (".local", "lib", "wireshark", "plugins")
+
+
+@needs_tshark_lua
+def test_wireshark_loads_the_installed_dissector(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capture: Callable[[str], Path]
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert wireshark.install() == tmp_path / ".local/lib/wireshark/plugins/stacklib.lua"
+    path = capture("unet-fe-uam")
+    rows = tshark(path, "-T", "fields", "-e", "frame.protocols", lua=False, home=tmp_path)
+    assert set(rows) == {"eth:ethertype:unet:uam"}
 
 
 def test_installing_into_a_file_names_it(
