@@ -236,12 +236,11 @@ function unet.dissector(tvb, pinfo, tree)
     return size
 end
 
-local function dissect_splitc(words, handler, pinfo, tree)
+-- The 16 bytes of a request's or reply's four words; the kind says which (their kinds differ).
+function splitc.dissector(words, pinfo, tree)
     local first = words(0, 1):uint()
     local kind = bit.rshift(first, 4)
-    local request = handler == splitc.prefs.request_handler
-    if request and not SPLITC_REQUESTS[kind] then return end
-    if not request and not SPLITC_REPLIES[kind] then return end
+    local request = SPLITC_REQUESTS[kind] ~= nil
     local item = tree:add(splitc, words)
     item:add(splitc_f.kind, words(0, 1))
     item:add(splitc_f.size, words(0, 1))
@@ -265,7 +264,10 @@ local function dissect_splitc(words, handler, pinfo, tree)
     item:append_text(", " .. text)
     pinfo.cols.protocol = "Split-C"
     pinfo.cols.info:append(", Split-C " .. text)
+    return words:len()
 end
+
+local splitc_dissector = Dissector.get("splitc")
 
 function uam.dissector(tvb, pinfo, tree)
     local size = tvb:len()
@@ -315,11 +317,13 @@ function uam.dissector(tvb, pinfo, tree)
     if size > position then
         item:add(uam_f.data, tvb(position))
     end
+    -- Split-C: a request to its request handler, a reply to its reply handler, whose kind is
+    -- one of a request's or a reply's.
     if problem == nil and nargs == 4 and (kind == 1 or kind == 2) then
-        local expected = splitc.prefs.reply_handler
-        if kind == 1 then expected = splitc.prefs.request_handler end
-        if handler == expected then
-            dissect_splitc(tvb(UAM_HEADER, 16):tvb(), handler, pinfo, tree)
+        local expected, kinds = splitc.prefs.reply_handler, SPLITC_REPLIES
+        if kind == 1 then expected, kinds = splitc.prefs.request_handler, SPLITC_REQUESTS end
+        if handler == expected and kinds[bit.rshift(tvb(UAM_HEADER, 1):uint(), 4)] then
+            splitc_dissector:call(tvb(UAM_HEADER, 16):tvb(), pinfo, tree)
         end
     end
     return size

@@ -287,12 +287,14 @@ def splitc_row(pdu: uam_wire.Pdu) -> list[str]:
 @pytest.mark.parametrize("recipe", ["splitc-fe", "splitc-atm"])
 def test_splitc_fields_are_what_stacklib_wrote(capture: Callable[[str], Path], recipe: str) -> None:
     path = capture(recipe)
-    rows = fields(path, "uam.seq", *SPLITC_FIELDS, "_ws.col.Protocol", "_ws.col.Info")
+    columns = ("frame.protocols", "_ws.col.Protocol", "_ws.col.Info")
+    rows = fields(path, "uam.seq", *SPLITC_FIELDS, *columns)
     expected = [
         [str(pdu.seq), *splitc_row(pdu)]
         for pdu in (uam_wire.parse(message) for _, message in messages(path))
     ]
-    assert [row[:-2] for row in rows] == expected
+    assert [row[:-3] for row in rows] == expected
+    assert all(row[-3].endswith(":uam:splitc") == (row[1] != "") for row in rows)
     kinds = {row[1] for row in rows}
     assert {"2", "6"} <= kinds  # blocking writes and their acknowledgments
     write = next(row for row in rows if row[1] == "2")
