@@ -32,10 +32,9 @@ local unet = Proto("unet", "U-Net/FE")
 local unet_f = {
     length = ProtoField.uint16("unet.length", "Message length", base.DEC),
     port = ProtoField.uint8("unet.port", "Port", base.DEC),
-    message = ProtoField.bytes("unet.message", "Message"),
     padding = ProtoField.bytes("unet.padding", "Padding"),
 }
-unet.fields = { unet_f.length, unet_f.port, unet_f.message, unet_f.padding }
+unet.fields = { unet_f.length, unet_f.port, unet_f.padding }
 local unet_e = {
     short = ProtoExpert.new("unet.short", "Shorter than the 3-byte U-Net header",
         expert.group.MALFORMED, expert.severity.ERROR),
