@@ -461,6 +461,44 @@ def _add_bench(commands: argparse._SubParsersAction[Any]) -> None:
         b.set_defaults(func=cmd_bench)
 
 
+def cmd_wireshark(args: argparse.Namespace) -> int:
+    from stacklib import wireshark
+
+    if args.install is not None:
+        destination = wireshark.install(args.install or None)
+        print(destination)
+        print(
+            "Wireshark and tshark load it at their next start (check: tshark -G protocols "
+            "| grep -w uam)",
+            file=sys.stderr,
+        )
+    else:
+        print(wireshark.dissector_path())
+    return 0
+
+
+def _add_wireshark(commands: argparse._SubParsersAction[Any]) -> None:
+    """``stacklib wireshark``."""
+    p = commands.add_parser(
+        "wireshark",
+        help="the Wireshark dissector for U-Net/FE, UAM and Split-C: its path, or install it",
+        description="stacklib ships a Lua dissector for the U-Net/FE header, UAM PDUs and "
+        "Split-C messages (docs/captures.md). --path prints its file, for tshark -X "
+        "lua_script:FILE; --install copies it into Wireshark's personal Lua plugins folder "
+        "(~/.local/lib/wireshark/plugins) or into DIR, and prints the copy's path.",
+    )
+    action = p.add_mutually_exclusive_group(required=True)
+    action.add_argument("--path", action="store_true", help="print the dissector's path")
+    action.add_argument(
+        "--install",
+        metavar="DIR",
+        nargs="?",
+        const="",
+        help="copy the dissector into DIR (default: ~/.local/lib/wireshark/plugins)",
+    )
+    p.set_defaults(func=cmd_wireshark)
+
+
 def _add_reproduce(commands: argparse._SubParsersAction[Any]) -> None:
     """``stacklib reproduce``."""
     p = commands.add_parser(
@@ -576,6 +614,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compile": (
         "compile the simulator's hot modules with mypyc (optional; stacklib[fast])",
         "stacklib.commands.compile:add_commands",
+    ),
+    "wireshark": (
+        "the Wireshark dissector for U-Net/FE, UAM and Split-C: its path, or install it",
+        "stacklib.cli:_add_wireshark",
     ),
 }
 

@@ -63,7 +63,7 @@ async def test_udps_datagram_face_reaches_the_peers_by_their_channel_ids() -> No
             assert got == [(pair.ch_b, b"over udp")]
             # From a bound socket on another port: not a peer's face, dropped and counted.
             stray = await a.bind(4000)
-            await stray.sendto(b"stray", (B, 7001))
+            await stray.sendto(b"stray", (B, 5995))
             await a.send(pair.ch_a, b"second")
             assert await b.recv() == (pair.ch_b, b"second")
             assert b.statistics()["dropped"] == {"unknown_peer": 1}  # type: ignore[index]

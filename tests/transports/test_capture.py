@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -53,6 +54,7 @@ def test_tshark_dissects_a_simulated_fast_ethernet_capture(tmp_path: Path) -> No
     run_recipe(load_recipe("fe-hub"), workload_params=PARAMS, pcap=str(path))
     out = subprocess.run(
         ["tshark", "-r", str(path), "-T", "fields", "-e", "eth.type", "-e", "frame.len"],
+        env={**os.environ, "HOME": str(tmp_path)},  # no personal plugin: Wireshark by itself
         capture_output=True,
         text=True,
         check=True,

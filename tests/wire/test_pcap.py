@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import shutil
 import struct
 import subprocess
@@ -416,12 +417,26 @@ def ipv4_udp_frame(payload: bytes) -> bytes:
     return DST + SRC + b"\x08\x00" + header + udp
 
 
+def without_plugins(home: Path) -> dict[str, str]:
+    """The environment of a tshark that loads no personal plugin: HOME is ``home``, a folder
+    without one (``stacklib wireshark --install`` puts stacklib's dissector in the real HOME's,
+    and these tests check what Wireshark shows by itself)."""
+    return {**os.environ, "HOME": str(home)}
+
+
 def tshark_fields(path: Path, *fields: str) -> list[list[str]]:
     assert TSHARK is not None
     command = [TSHARK, "-n", "-r", str(path), "-T", "fields"]
     for field in fields:
         command += ["-e", field]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=without_plugins(path.parent),
+    )
     assert done.returncode == 0, done.stderr
     return [line.split("\t") for line in done.stdout.splitlines()]
 

@@ -194,7 +194,9 @@ class TcpParams:
     #: dropped, so the peer retries, as Linux does with a full accept queue.
     backlog: int = attrs.field(default=16, validator=_int_in(1, 1 << 16))
     #: Port of the StreamService view (``connect(peer)`` / ``accept()``); 0 disables it.
-    service_port: int = attrs.field(default=5000, validator=_int_in(0, 0xFFFF))
+    #: 5995 because Wireshark claims no protocol on it (``tshark -G decodes``: no tcp.port or
+    #: udp.port entry), so captures dissect as plain TCP; 5000 was GSM IPA's (docs/captures.md).
+    service_port: int = attrs.field(default=5995, validator=_int_in(0, 0xFFFF))
     #: Seed of ISNs and ephemeral ports; absent: the world's stream where modeled, else random.
     seed: int | None = attrs.field(default=None, validator=_optional_seed)
     #: Host CPU per segment sent or received, where the NI models the host.

@@ -106,8 +106,9 @@ class UdpParams:
     #: Entries of the PCB cache.
     pcb_cache: int = attrs.field(default=16, validator=_int_in(0, 1 << 20))
     #: Port of the datagram face (``send(peer, data)``/``recv()``), the same on every node;
-    #: bound when the face is first used.
-    port: int = attrs.field(default=7001, validator=_int_in(1, 0xFFFF))
+    #: bound when the face is first used.  5995, TCP's service port: a port Wireshark claims
+    #: for no protocol, so captures dissect as plain UDP (7001 was AFS's Rx; docs/captures.md).
+    port: int = attrs.field(default=5995, validator=_int_in(1, 0xFFFF))
     #: Host CPU for the checksum, on NIs that model the host.
     checksum_us_per_100_bytes: float = cited(
         1.0,

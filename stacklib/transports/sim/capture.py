@@ -12,7 +12,8 @@ message, stamped with the virtual time its last unit reached the receiving NI:
 Other links (Myrinet) have no capture format: asking for one raises
 :class:`~stacklib.errors.ConfigError`.  A message lost on the fabric never reaches a tap; a
 corrupted one is written as delivered and marked nowhere (the receiving NI drops it on its
-CRC/FCS check).
+CRC/FCS check).  Wireshark dissects the U-Net header, UAM and Split-C with the dissector stacklib
+ships (:mod:`stacklib.wireshark`).
 """
 
 from __future__ import annotations
