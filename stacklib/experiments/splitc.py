@@ -54,6 +54,7 @@ from stacklib.bench.splitc.cluster import run_spmd
 from stacklib.bench.splitc.programs import PAPER_SIZES, make_program
 from stacklib.layers.splitc import SplitC
 from stacklib.reporting.figures import Experiment, Figure, register_experiment
+from stacklib.reporting.tables import wrap
 from stacklib.transports.sim.machines import MACHINES
 
 __all__ = [
@@ -188,7 +189,8 @@ def split_c_store(round_trips: int = 20, blocks: int = 100) -> tuple[float, floa
 
 
 def _progress(line: str) -> None:
-    print(f"splitc: {line}", file=sys.stderr, flush=True)
+    # Wrapped like stacklib reproduce's tables, to be read in a terminal.
+    print("\n".join(wrap(f"splitc: {line}", indent="    ")), file=sys.stderr, flush=True)
 
 
 #: The sum of paper 003 Table 1: the wall time the two 1996 clusters took to run the suite.
