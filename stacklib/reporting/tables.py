@@ -96,7 +96,7 @@ def format_figures(title: str, figures: Sequence[Figure], width: int = WIDTH) ->
         mark = f"[{notes.setdefault(f.cite, len(notes) + 1)}]"
         rows.append((f.name, paper, measured, _deviation(f), _tolerance(f), mark))
     headings = ("figure", "paper", "measured", "deviation", "tolerance", "source")
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headings)]
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headings)]
     # The name column takes what the others leave, down to a floor where the others are wide.
     widths[0] = min(widths[0], max(width - sum(widths[1:]) - 2 * (len(widths) - 1), 20))
     lines = wrap(title, width, indent="  ")

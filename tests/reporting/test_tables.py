@@ -123,6 +123,17 @@ def test_every_line_fits_the_width_however_long_the_names() -> None:
     assert max(map(len, format_figures(title, figures, width=90).splitlines())) <= 90
 
 
+def test_an_experiment_without_figures_prints_the_headings() -> None:
+    assert format_figures("none", []).splitlines()[1].split() == [
+        "figure",
+        "paper",
+        "measured",
+        "deviation",
+        "tolerance",
+        "source",
+    ]
+
+
 def test_the_summary_counts_and_names_those_outside() -> None:
     good = Figure("rtt", 66.0, 66.0, "us", "c")
     bad = Figure("bandwidth at 1 KB", 6.8, 5.0, "MB/s", "c")
