@@ -167,7 +167,7 @@ def test_reproduce_list_describes_without_running(
     assert lines[0].startswith("sba100  SBA-100: U-Net by traps")
     assert lines[1] == "        under 1 s"
     assert lines[2].startswith("splitc  Split-C over UAM")
-    assert any(line.strip().startswith("about") and "--full: about" in line for line in lines)
+    assert any(line.strip().startswith("about") and "; --full: " in line for line in lines)
     assert max(map(len, lines)) <= 100
 
 
