@@ -1,6 +1,6 @@
 """The ``stacklib`` command.
 
-    stacklib list                      recipes, one line each
+    stacklib list                      recipes, with a description each
     stacklib run RECIPE [--json]       run a recipe's workload and print its table
     stacklib decode FORMAT HEX         pretty-print a frame or descriptor
     stacklib bench ...                 benchmarks (wall-clock performance of stacklib itself)
@@ -37,9 +37,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not recipes:
         print("no recipes found (looked in $STACKLIB_RECIPES, ./recipes and the package's)")
         return 0
-    width = max(len(name) for name, _, _ in recipes)
-    for name, description, _ in recipes:
-        print(f"{name.ljust(width)}  {description}")
+    from stacklib.reporting.tables import format_listing
+
+    print(format_listing([(name, [description]) for name, description, _ in recipes]))
     return 0
 
 
@@ -239,8 +239,11 @@ def cmd_spawn(args: argparse.Namespace) -> int:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    from stacklib.reproduce import run_experiments
+    from stacklib.reproduce import describe_experiments, run_experiments
 
+    if args.list:
+        print(describe_experiments(args.only))
+        return 0
     return run_experiments(
         only=args.only, as_json=args.json, plots=args.plots, everything=args.all, full=args.full
     )
@@ -255,7 +258,7 @@ def _wall_clock_options(b: argparse.ArgumentParser, repeat: int) -> None:
 
 def _add_list(commands: argparse._SubParsersAction[Any]) -> None:
     """``stacklib list``."""
-    p = commands.add_parser("list", help="list the recipes with a one-line description each")
+    p = commands.add_parser("list", help="list the recipes with a description each")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_list)
 
@@ -501,14 +504,30 @@ def _add_wireshark(commands: argparse._SubParsersAction[Any]) -> None:
 
 def _add_reproduce(commands: argparse._SubParsersAction[Any]) -> None:
     """``stacklib reproduce``."""
+    from stacklib.reporting.figures import EXPERIMENTS
+
     p = commands.add_parser(
         "reproduce",
         help="run the papers' experiments and print paper vs measured",
         description="Run every reproduced experiment on the simulated NIs and print, per "
-        "figure, the paper's value, the measured value and the deviation. Exits 1 if one is "
-        "outside its stated tolerance.",
+        "figure, the paper's value, the measured value and the deviation, and at the end how "
+        "many figures are within tolerance. Exits 1 if one is outside its stated tolerance.",
+        # The names only: listing them imports no experiment (--list imports them all).
+        epilog=f"Experiments: {', '.join(EXPERIMENTS)}. `stacklib reproduce --list` says what "
+        "each reproduces and how long it takes.",
     )
-    p.add_argument("--only", metavar="NAME", action="append", help="run only these experiments")
+    p.add_argument(
+        "--only",
+        metavar="NAME",
+        nargs="+",
+        action="extend",
+        help="run only these experiments (--only a b, or --only a --only b)",
+    )
+    p.add_argument(
+        "--list",
+        action="store_true",
+        help="list the experiments (or those of --only): what each reproduces and its time",
+    )
     p.add_argument(
         "--all",
         action="store_true",
@@ -579,7 +598,7 @@ def _add_daemon(commands: argparse._SubParsersAction[Any]) -> None:
 #: several commands (``trace`` and ``tlbsim``); a part with commands of its own keeps them in
 #: ``stacklib/commands/<part>.py``.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "list": ("list the recipes with a one-line description each", "stacklib.cli:_add_list"),
+    "list": ("list the recipes with a description each", "stacklib.cli:_add_list"),
     "run": ("run a recipe's workload and print its results", "stacklib.cli:_add_run"),
     "decode": ("pretty-print a frame or descriptor given in hex", "stacklib.cli:_add_decode"),
     "bench": ("benchmarks of stacklib's own speed (wall clock)", "stacklib.cli:_add_bench"),

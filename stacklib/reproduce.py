@@ -2,9 +2,11 @@
 
 The runner, above the experiments: it loads them (they register in
 :mod:`stacklib.reporting.figures` when :mod:`stacklib.experiments` is imported), runs each
-selected one once, prints a table per experiment with the deviation of every figure, and draws
-the plots from the same results (``--plots``: nothing is simulated twice).  The exit status is
-1 if any figure is outside its tolerance.  See docs/reproduction.md.
+selected one once, prints a table per experiment with the deviation of every figure and a
+closing count of the figures within tolerance, and draws the plots from the same results
+(``--plots``: nothing is simulated twice).  The exit status is 1 if any figure is outside its
+tolerance.  ``--list`` (:func:`describe_experiments`) says what each experiment reproduces and
+how long it takes.  See docs/reproduction.md.
 """
 
 from __future__ import annotations
@@ -23,7 +25,15 @@ from stacklib.reporting.figures import (
     register_experiment,
 )
 from stacklib.reporting.optional import matplotlib_missing
-from stacklib.reporting.tables import format_figures, json_entry, json_report
+from stacklib.reporting.tables import (
+    WIDTH,
+    format_figures,
+    format_listing,
+    format_summary,
+    json_entry,
+    json_report,
+    wrap,
+)
 
 # Figure, Experiment, EXPERIMENTS, register_experiment and format_figures were defined here
 # before stacklib.reporting; they stay importable from this module.
@@ -32,6 +42,7 @@ __all__ = [
     "Experiment",
     "ExperimentResult",
     "Figure",
+    "describe_experiments",
     "format_figures",
     "register_experiment",
     "run_experiments",
@@ -50,20 +61,12 @@ def run_experiments(
     ``only`` names experiments to run; otherwise the default ones run (all of them with
     ``everything``).  ``full`` runs scaled experiments at the papers' sizes instead.  ``plots``
     is a directory to draw the plots of the experiments that ran into, from their results.
+    The text ends with "N of M figures within tolerance", after the names of those outside.
     """
     # Fail before the runs, not after them.
     if plots is not None and matplotlib_missing("reproduce", "--plots"):
         return 2
-    known = registry.EXPERIMENTS
-    selected = [e for e in known.values() if e.default or everything]
-    skipped = [e for e in known.values() if e not in selected]
-    if only:
-        unknown = [name for name in only if name not in known]
-        if unknown:
-            names = ", ".join(sorted(known)) or "none yet"
-            raise KeyError(f"no experiment named {unknown[0]!r} (known: {names})")
-        selected = [known[name] for name in only]
-        skipped = []
+    selected, skipped = _select(only, everything)
     if not selected:
         print(
             "stacklib reproduce: no experiments are registered yet. They arrive with the "
@@ -71,7 +74,6 @@ def run_experiments(
             "see docs/reproduction.md."
         )
         return 0
-    failures = 0
     report: list[dict[str, Any]] = []
     results: dict[str, ExperimentResult] = {}
     progress = sys.stderr.isatty() and not as_json
@@ -82,7 +84,6 @@ def run_experiments(
         result = experiment.result(full=full, curves=plots is not None)
         wall = time.perf_counter() - start
         results[experiment.name] = result
-        failures += sum(not f.ok for f in result.figures)
         if as_json:
             report.append(json_entry(experiment.name, experiment.title, wall, result))
         else:
@@ -90,18 +91,82 @@ def run_experiments(
             print()
     if as_json:
         print(json_report(report))
-    elif failures:
-        print(f"{failures} figure(s) outside tolerance")
-    scaled = [e.name for e in selected if e.run_full is not None and not full]
-    if scaled and not as_json:
-        print(f"Scaled to run quickly: {', '.join(scaled)} (the papers' sizes: --full).")
-    if skipped and not as_json:
-        print("Not run by default (name one with --only NAME, or run them all with --all):")
-        for experiment in skipped:
-            print(f"  {experiment.name}: {experiment.title}. {experiment.note}")
+    else:
+        _notes(selected, skipped, full)
     if plots is not None:
         _draw(plots, results, sys.stderr if as_json else sys.stdout)
+    if not as_json:
+        print(format_summary(results))
+    failures = sum(not f.ok for result in results.values() for f in result.figures)
     return 1 if failures else 0
+
+
+def _select(
+    only: Sequence[str] | None, everything: bool
+) -> tuple[list[Experiment], list[Experiment]]:
+    """The experiments to run and the registered ones left out; an unknown name in ``only``
+    raises KeyError naming it and the known ones."""
+    known = registry.EXPERIMENTS
+    if only:
+        unknown = [name for name in only if name not in known]
+        if unknown:
+            names = ", ".join(sorted(known)) or "none yet"
+            raise KeyError(f"no experiment named {unknown[0]!r} (known: {names})")
+        return [known[name] for name in dict.fromkeys(only)], []
+    selected = [e for e in known.values() if e.default or everything]
+    return selected, [e for e in known.values() if e not in selected]
+
+
+def _notes(selected: Sequence[Experiment], skipped: Sequence[Experiment], full: bool) -> None:
+    """What the text run did not do: the experiments it scaled down and those it left out."""
+    scaled = [e.name for e in selected if e.run_full is not None and not full]
+    if scaled:
+        print(fill(f"Scaled to run quickly: {', '.join(scaled)} (the papers' sizes: --full)."))
+    if skipped:
+        print("Not run by default (name one with --only NAME, or run them all with --all):")
+        for experiment in skipped:
+            text = f"{experiment.name}: {experiment.title}. {experiment.note}"
+            print(fill(text, indent="    ", first="  "))
+
+
+def fill(text: str, indent: str = "", first: str = "") -> str:
+    """``text`` wrapped to the width of the tables."""
+    return "\n".join(wrap(text, WIDTH, indent=indent, first=first))
+
+
+def describe_experiments(only: Sequence[str] | None = None) -> str:
+    """``stacklib reproduce --list``: each experiment (or those ``only`` names), what it
+    reproduces, whether the default run runs it, and about how long it takes."""
+    selected = _select(only, everything=True)[0]
+    entries = []
+    for e in selected:
+        paragraphs = [e.title, _duration(e)]
+        if not e.default:
+            paragraphs.append(f"Runs only when named or with --all: {e.note}")
+        entries.append((e.name, paragraphs))
+    footer = (
+        "Times are wall-clock estimates, each measured once on a 2-core machine; run some with "
+        "stacklib reproduce --only NAME [NAME ...]."
+    )
+    return format_listing(entries) + "\n\n" + fill(footer)
+
+
+def _duration(experiment: Experiment) -> str:
+    if experiment.seconds is None:
+        return "time not measured"
+    text = _about(experiment.seconds)
+    if experiment.run_full is not None:
+        full = experiment.seconds_full
+        text += f"; --full: {'not measured' if full is None else _about(full)}"
+    return text
+
+
+def _about(seconds: float) -> str:
+    if seconds < 1:
+        return "under 1 s"
+    if seconds < 90:
+        return f"about {seconds:.0f} s"
+    return f"about {seconds / 60:.0f} min"
 
 
 def _draw(directory: str, results: dict[str, ExperimentResult], out: TextIO) -> None:
@@ -116,6 +181,8 @@ def _draw(directory: str, results: dict[str, ExperimentResult], out: TextIO) -> 
     for path in written:
         print(f"  {path}", file=out)
     if missing:
-        print("Not drawn (their experiments did not run):", file=out)
+        print("Not drawn, their experiments did not run (add them to --only):", file=out)
         for plot in missing:
-            print(f"  {plot.file}: needs {', '.join(plot.needs)}", file=out)
+            absent = ", ".join(name for name in plot.needs if name not in results)
+            print(fill(f"{plot.file}: needs {absent}", indent="    ", first="  "), file=out)
+        print(file=out)

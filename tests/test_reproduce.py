@@ -19,7 +19,8 @@ from stacklib.reporting.figures import (
     Figure,
     register_experiment,
 )
-from stacklib.reproduce import run_experiments
+from stacklib.reporting.tables import WIDTH, format_figures
+from stacklib.reproduce import describe_experiments, run_experiments
 
 REPO = Path(__file__).resolve().parents[1]
 #: The experiments that take more than a few seconds (measured with --durations).
@@ -48,6 +49,9 @@ def test_experiment_figures_are_within_tolerance(name: str) -> None:
         f"{f.name}: {f.measured:.4g} vs {f.paper:g} {f.unit}" for f in result.figures if not f.ok
     ]
     assert not outside, outside
+    # The table a person reads fits the width, for every experiment's real names and citations.
+    table = format_figures(f"{EXPERIMENTS[name].title}  [12.3 s]", result.figures)
+    assert max(map(len, table.splitlines())) <= WIDTH, table
 
 
 # ------------------------------------------------------------------------ the runner's selection
@@ -81,6 +85,93 @@ def test_default_run_skips_and_lists_the_others(
     out = capsys.readouterr().out
     assert "Not run by default" in out
     assert "long: long title. why not" in out
+
+
+def test_the_run_ends_with_the_count_and_names_those_outside(
+    registered: Callable[..., list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    registered("quick")
+    assert run_experiments() == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "1 of 1 figures within tolerance"
+    registered("bad", ok=False)
+    assert run_experiments() == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-3:] == [
+        "Outside tolerance:",
+        "  bad: bad (measured 20 us, paper 10 us)",
+        "1 of 2 figures within tolerance",
+    ]
+    assert run_experiments(as_json=True) == 1  # the JSON stays one document
+    json.loads(capsys.readouterr().out)
+
+
+def test_several_names_run_once_each_in_the_order_given(
+    registered: Callable[..., list[str]],
+) -> None:
+    registered("a")
+    registered("b")
+    ran = registered("c")
+    assert run_experiments(only=["c", "a", "c"]) == 0
+    assert ran == ["c", "a"]
+
+
+def test_list_says_what_each_reproduces_and_how_long_it_takes(
+    registered: Callable[..., list[str]],
+) -> None:
+    registered("quick", seconds=0.2)
+    registered("sized", seconds=51.0, seconds_full=400.0, run_full=lambda: [])
+    registered("long", default=False, seconds=35.0)
+    registered("unmeasured")
+    lines = describe_experiments().splitlines()
+    assert max(map(len, lines)) <= WIDTH
+    assert lines[:2] == ["quick       quick title", "            under 1 s"]
+    assert lines[2:4] == ["sized       sized title", "            about 51 s; --full: about 7 min"]
+    assert lines[4:7] == [
+        "long        long title",
+        "            about 35 s",
+        "            Runs only when named or with --all: why not",
+    ]
+    assert lines[7:9] == ["unmeasured  unmeasured title", "            time not measured"]
+    assert "measured once" in lines[-2]
+    assert describe_experiments(["long"]).splitlines()[0] == "long  long title"
+    with pytest.raises(KeyError, match="no experiment named 'nope'"):
+        describe_experiments(["nope"])
+
+
+def test_plots_draw_only_what_ran_and_name_the_experiments_the_others_need(
+    registered: Callable[..., list[str]],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    # The runner's side of --plots, without matplotlib: a stand-in plots package that
+    # records what it was given and leaves out one plot.
+    import types
+
+    import stacklib.reproduce
+
+    given: list[list[str]] = []
+    left_out = types.SimpleNamespace(file="fig3.png", needs=("a", "b", "c"))
+
+    def draw_results(directory: str, results: dict[str, ExperimentResult]) -> object:
+        given.append(list(results))
+        return [Path(directory) / "fig6.png"], [left_out]
+
+    plots = types.ModuleType("stacklib.reporting.plots")
+    plots.draw_results = draw_results  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "stacklib.reporting.plots", plots)
+    monkeypatch.setattr(stacklib.reproduce, "matplotlib_missing", lambda *args: False)
+    for name in ("a", "b", "c"):
+        registered(name)
+
+    assert run_experiments(only=["b"], plots=str(tmp_path)) == 0
+
+    assert given == [["b"]]  # only the results of the experiments that ran
+    out = capsys.readouterr().out
+    assert f"  {tmp_path / 'fig6.png'}" in out
+    assert "Not drawn, their experiments did not run (add them to --only):" in out
+    assert "  fig3.png: needs a, c\n" in out  # the ones missing, not those that ran
+    assert out.splitlines()[-1] == "1 of 1 figures within tolerance"
 
 
 def test_named_and_all_runs_include_them(registered: Callable[..., list[str]]) -> None:
@@ -207,9 +298,9 @@ def test_curves_leave_the_figures_as_they_are(name: str) -> None:
 # ------------------------------------------------------------------------ the command
 
 
-def test_the_command_prints_the_table_and_exits_0() -> None:
+def test_the_command_prints_the_tables_within_the_width_and_exits_0() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "stacklib.cli", "reproduce", "--only", "sba100"],
+        [sys.executable, "-m", "stacklib.cli", "reproduce", "--only", "sba100", "fore-firmware"],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -218,4 +309,9 @@ def test_the_command_prints_the_table_and_exits_0() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("SBA-100: U-Net by traps and a user-level AAL5")
     assert "single-cell round trip  66 us" in done.stdout
-    assert "OUTSIDE" not in done.stdout and "outside tolerance" not in done.stdout
+    assert "SBA-200 with Fore's firmware" in done.stdout
+    assert "[1] paper 000 §4.1 (Table 1 sums)" in done.stdout  # the citations, below
+    assert "OUTSIDE" not in done.stdout and "Outside tolerance" not in done.stdout
+    lines = done.stdout.splitlines()
+    assert max(map(len, lines)) <= WIDTH
+    assert lines[-1] == "4 of 4 figures within tolerance"

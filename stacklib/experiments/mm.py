@@ -449,6 +449,7 @@ register_experiment(
         "mm",
         "U-Net/MM per-operation costs in virtual time (paper 002 Table 1, §6.1)",
         run_mm,
+        seconds=0.2,  # wall time, measured once on a 2-core machine (--json wall_seconds)
     )
 )
 
@@ -538,5 +539,6 @@ register_experiment(
         "mm-fig3",
         "U-Net/MM TLB on Split-C traces at 1/64 scale (paper 002 §6.2, Fig 3)",
         run_mm_fig3,
+        seconds=12.0,  # wall time, measured once on a 2-core machine (--json wall_seconds)
     )
 )

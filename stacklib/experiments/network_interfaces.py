@@ -262,5 +262,11 @@ for _name, _title, _run in (
     ("pca200", "PCA-200 on OC-3 with U-Net firmware (paper 001 §3.4, 003 Figs 5-6)", pca200),
 ):
     register_experiment(
-        Experiment(_name, _title, _run, run_curves=functools.partial(_run, curves=True))
+        Experiment(
+            _name,
+            _title,
+            _run,
+            run_curves=functools.partial(_run, curves=True),
+            seconds=0.3,  # wall time, measured once on a 2-core machine (--json wall_seconds)
+        )
     )

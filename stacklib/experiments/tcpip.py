@@ -338,6 +338,7 @@ register_experiment(
         "UDP and TCP: U-Net vs the SunOS kernel (paper 000 §7, Table 3)",
         tcpip,
         run_curves=functools.partial(tcpip, curves=True),
+        seconds=2.0,  # wall time, measured once on a 2-core machine (--json wall_seconds)
     )
 )
 

@@ -267,6 +267,7 @@ register_experiment(
         "uam",
         "U-Net Active Messages on the SBA-200 (paper 000 §5.2, Figs 3-4, Table 3)",
         uam_sba200,
+        seconds=1.2,  # wall time, measured once on a 2-core machine (--json wall_seconds)
     )
 )
 

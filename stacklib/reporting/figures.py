@@ -34,7 +34,12 @@ __all__ = [
 
 @attrs.frozen
 class Figure:
-    """One number the paper states and the value measured for it."""
+    """One number the paper states and the value measured for it.
+
+    A yes/no claim ("FM's L drops at 2 KB") is a ``boolean`` figure: paper and measured are
+    1.0 (holds) or 0.0 (does not), the tolerance is 0, and the tables print "yes"/"no" instead
+    of numbers; :meth:`claim` makes one.
+    """
 
     name: str
     paper: float
@@ -46,6 +51,22 @@ class Figure:
     #: The paper states a floor ("at least"): only falling short by more than the tolerance
     #: counts; exceeding it is reported, not failed.
     at_least: bool = False
+    #: A yes/no claim, not a quantity: paper and measured are 1.0 (yes) or 0.0 (no).
+    boolean: bool = attrs.field(default=False, kw_only=True)
+
+    @boolean.validator
+    def _check_boolean(self, _: attrs.Attribute[bool], boolean: bool) -> None:
+        if boolean and not (self.paper in (0.0, 1.0) and self.measured in (0.0, 1.0)):
+            raise ValueError(
+                f"boolean figure {self.name!r} needs paper and measured 1.0 (yes) or 0.0 (no), "
+                f"not {self.paper!r} and {self.measured!r}"
+            )
+
+    @classmethod
+    def claim(cls, name: str, holds: bool, cite: str, unit: str = "holds") -> Figure:
+        """A yes/no claim of the paper (it says the claim holds) and whether it ``holds``
+        here; ``unit`` only shows in ``--json``."""
+        return cls(name, 1.0, 1.0 if holds else 0.0, unit, cite, tolerance=0.0, boolean=True)
 
     @property
     def deviation(self) -> float:
@@ -54,6 +75,8 @@ class Figure:
 
     @property
     def ok(self) -> bool:
+        if self.boolean:
+            return self.measured == self.paper
         if self.at_least:
             return self.deviation >= -self.tolerance
         return abs(self.deviation) <= self.tolerance
@@ -114,6 +137,11 @@ class Experiment:
     #: same simulations as its figures, so the figures come out the same; None when ``run``
     #: returns its curves already, or the experiment has no plots.
     run_curves: Run | None = None
+    #: Roughly how long the default run takes, in seconds of wall time, and the ``--full`` run
+    #: (where there is one): estimates for ``stacklib reproduce --list``, measured once (the
+    #: ``wall_seconds`` of ``--json``) on a 2-core machine; None when not measured.
+    seconds: float | None = None
+    seconds_full: float | None = None
 
     def result(self, *, full: bool = False, curves: bool = False) -> ExperimentResult:
         """Run it: at the papers' sizes with ``full`` (where it is scaled), measuring its

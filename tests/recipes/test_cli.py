@@ -38,6 +38,13 @@ def test_list_shows_recipes_with_descriptions() -> None:
     assert "unet-memory-pingpong" in out and "memory transport" in out
     listed = json.loads(stacklib("list", "--json").stdout)
     assert {"name", "description", "path"} <= set(listed[0])
+    # Long descriptions wrap under their recipe, in a column beside the names.
+    lines = out.splitlines()
+    assert max(map(len, lines)) <= 100
+    assert [line.split()[0] for line in lines if not line.startswith(" ")] == [
+        recipe["name"] for recipe in listed
+    ]
+    assert any(line.startswith(" " * 20) for line in lines)
 
 
 def test_run_prints_a_table_and_json() -> None:
@@ -121,6 +128,47 @@ def test_bench_transport_misuse_exits_2(args: list[str], message: str) -> None:
     done = stacklib("bench", *args, check=False)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr
+
+
+@pytest.mark.parametrize(
+    "words",
+    [["--only", "sba100", "uam"], ["--only", "sba100", "--only", "uam"], ["--only", "sba100"]],
+)
+def test_reproduce_only_takes_several_names_either_way(words: list[str]) -> None:
+    from stacklib.cli import build_parser
+
+    args = build_parser(["reproduce"]).parse_args(["reproduce", *words])
+    assert args.only == [w for w in words if w != "--only"]
+
+
+def test_reproduce_help_names_the_experiments(capsys: pytest.CaptureFixture[str]) -> None:
+    from stacklib.cli import main
+    from stacklib.reporting.figures import EXPERIMENTS
+
+    with pytest.raises(SystemExit):
+        main(["reproduce", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the epilog
+    assert "Experiments: " + ", ".join(EXPERIMENTS) + "." in text
+    assert "stacklib reproduce --list" in text
+
+
+def test_reproduce_list_describes_without_running(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import stacklib.reproduce
+    from stacklib.cli import main
+
+    def run_experiments(**options: object) -> int:
+        raise AssertionError("--list runs nothing")
+
+    monkeypatch.setattr(stacklib.reproduce, "run_experiments", run_experiments)
+    assert main(["reproduce", "--list", "--only", "sba100", "splitc"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("sba100  SBA-100: U-Net by traps")
+    assert lines[1] == "        under 1 s"
+    assert lines[2].startswith("splitc  Split-C over UAM")
+    assert any(line.strip().startswith("about") and "; --full: " in line for line in lines)
+    assert max(map(len, lines)) <= 100
 
 
 @pytest.mark.parametrize("full", [False, True])
