@@ -32,9 +32,12 @@ in the caller's task (paper 000 §7.5: IP's send side "is collapsed into the tra
   datagram on that port from an address IP has no peer id for, or from another port, is
   dropped and counted (``unknown_peer``).
 * **Costs** (only where the NI models the host, ``endpoint.ni.host_copy_per_byte > 0``): each
-  datagram sent or received holds the host CPU for one copy of its data plus, when the
-  checksum is computed, ``checksum_us_per_100_bytes`` (paper 000 §7.6: "1μs per 100 bytes on a
-  SPARCStation 20").
+  datagram sent or received holds the host CPU for ``datagram_us`` (absent: the simulated
+  host's :attr:`~stacklib.sim.costs.ProtocolCosts.udp_datagram_us`, 4.5 us on the
+  SPARCstation-20, calibrated to paper 000 §7.6, Table 3), then one copy of its data plus, when
+  the checksum is computed, ``checksum_us_per_100_bytes`` (paper 000 §7.6: "1μs per 100 bytes
+  on a SPARCStation 20").  The sender's task pays on send; on receive the copy is paid by the
+  receive task and the per-datagram work by the task that takes the datagram (``recvfrom``).
 """
 
 from __future__ import annotations
