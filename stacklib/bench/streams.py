@@ -1,18 +1,26 @@
-"""Workloads over IP: UDP ping-pong and a TCP bulk stream between node 0 and node 1.
+"""Workloads over IP: UDP ping-pong, a UDP stream and a TCP bulk stream, node 0 to node 1.
 
 * ``udp-pingpong``: node 0 sends a UDP datagram of ``size`` bytes to node 1's ``port``, which
   echoes it back; ``iterations`` timed round trips per size after ``warmup`` untimed ones (paper
   000 Table 3 and Fig 5: UDP round trips over U-Net).  A reply not back within ``timeout``
   seconds counts as ``lost``.
+* ``udp-stream``: node 0 sends ``datagrams`` UDP datagrams of each size back to back to node
+  1's ``port``, bound with a receive buffer of ``rcvbuf_bytes`` and ``rcvbuf_datagrams``;
+  ``MB/s = received x size / (last arrival - start) / 1e6`` and the datagrams lost (paper 000
+  Table 3 and Fig 7: U-Net UDP bandwidth, "does not experience any losses", §7.6).  What has
+  not arrived ``drain`` seconds after the last send is lost.
 * ``tcp-stream``: node 0 opens a connection to node 1 (the StreamService view: node 1's
-  ``service_port``), writes ``size`` bytes in ``chunk``-byte writes and waits for a one-byte
-  acknowledgment once node 1 has read them all: ``MB/s = size / elapsed / 1e6`` (paper 000 §7.7
-  Fig 6).  Then ``rtt_iterations`` round trips of a ``request``-byte message on the same
-  connection give the request/response time (paper 000 Table 3: TCP 157 us on U-Net ATM).
+  ``service_port``) and, once both ends have it, writes ``size`` bytes in ``chunk``-byte writes:
+  ``MB/s = size / elapsed / 1e6`` to node 1's read of the last byte (paper 000 §7.7, Table 3;
+  ranks, one clock per process, time it to node 1's one-byte answer).  Then, after
+  ``rtt_warmup`` untimed ones, ``rtt_iterations`` round trips of a ``request``-byte message on
+  the same connection give the request/response time (paper 000 Table 3: TCP 157 us on U-Net
+  ATM at 16 bytes).
 
-Both find node 1's IP address from its stack (the ``ip`` attribute of the UDP and TCP layers'
-services), so they need an ``ip`` layer below ``udp`` or ``tcp``.  Time is trio's: virtual on a
-simulated NI, real otherwise.  Registered on import (:data:`UDP_PINGPONG`, :data:`TCP_STREAM`).
+All three find node 1's IP address from its stack (the ``ip`` attribute of the UDP and TCP
+layers' services), so they need an ``ip`` layer below ``udp`` or ``tcp``.  Time is trio's:
+virtual on a simulated NI, real otherwise.  Registered on import (:data:`UDP_PINGPONG`,
+:data:`UDP_STREAM`, :data:`TCP_STREAM`).
 """
 
 from __future__ import annotations
@@ -29,17 +37,20 @@ import trio
 from stacklib.bench import Session, WorkloadKind, register_workload
 from stacklib.bench.params import check_sizes, count_valid, sizes_valid
 from stacklib.bench.result import Cell, Column, Result
-from stacklib.layers.ip.service import IpService, UdpService
+from stacklib.layers.ip.service import IpService, UdpService, UdpSocket
 from stacklib.layers.ip.wire import IPV4_HEADER_SIZE
 from stacklib.services import Service, StreamService
 
 __all__ = [
     "TCP_STREAM",
     "UDP_PINGPONG",
+    "UDP_STREAM",
     "TcpStreamParams",
     "UdpPingPongParams",
+    "UdpStreamParams",
     "run_tcp_stream",
     "run_udp_pingpong",
+    "run_udp_stream",
 ]
 
 _UDP_HEADER = 8
@@ -141,6 +152,112 @@ async def run_udp_pingpong(session: Session, params: UdpPingPongParams) -> Resul
             "lost": lost_total,
             "wall_seconds": time.perf_counter() - wall_start,
         },
+    )
+
+
+@attrs.frozen
+class UdpStreamParams:
+    """Recipe parameters of ``udp-stream``."""
+
+    sizes: tuple[int, ...] = attrs.field(
+        default=(1024, 4096, 8192), converter=_sizes, validator=sizes_valid
+    )
+    #: Datagrams sent per size.
+    datagrams: int = attrs.field(default=200, validator=count_valid(1))
+    #: Node 1's port.
+    port: int = attrs.field(
+        default=7, validator=[attrs.validators.ge(1), attrs.validators.le(65535)]
+    )
+    #: Node 1's receive buffer, bytes and datagrams (paper 000 §7.3: at user level the
+    #: application sizes it; SunOS's is at most 52 KB).
+    rcvbuf_bytes: int = attrs.field(default=4 << 20, validator=attrs.validators.ge(0))
+    rcvbuf_datagrams: int = attrs.field(default=4096, validator=attrs.validators.ge(0))
+    #: Seconds after the last send that datagrams still in flight may take to arrive.
+    drain: float = attrs.field(default=0.1, validator=attrs.validators.gt(0))
+
+
+async def _stream_once(
+    sock: UdpSocket,
+    sink: UdpSocket,
+    data: bytes,
+    count: int,
+    target: tuple[str, int],
+    drain: float,
+) -> tuple[int, float]:
+    """Send ``count`` datagrams of ``data`` from ``sock`` to ``target`` (``sink``'s address):
+    (datagrams received within ``drain`` seconds of the last send, seconds from the first send
+    to the last arrival)."""
+    now = trio.current_time
+    got = 0
+    start = end = now()
+    all_in = trio.Event()
+
+    async def receive() -> None:
+        nonlocal got, end
+        while got < count:
+            await sink.recvfrom()
+            got += 1
+            end = now()
+        all_in.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(receive)
+        for _ in range(count):
+            await sock.sendto(data, target)
+        with trio.move_on_after(drain):
+            await all_in.wait()
+        nursery.cancel_scope.cancel()
+    return got, end - start
+
+
+async def run_udp_stream(session: Session, params: UdpStreamParams) -> Result:
+    """Streams of UDP datagrams node 0 -> node 1, per size: the received bandwidth and losses."""
+    client = typing.cast(UdpService, session.services[0])
+    server = typing.cast(UdpService, session.services[1])
+    client_ip, server_ip = _ip_of(client), _ip_of(server)
+    target = (server_ip.address, params.port)
+    check_sizes(params.sizes, client_ip.mtu(server_ip.address) - IPV4_HEADER_SIZE - _UDP_HEADER)
+    rows = []
+    wall_start = time.perf_counter()
+    async with (
+        await server.bind(
+            params.port,
+            rcvbuf_bytes=params.rcvbuf_bytes,
+            rcvbuf_datagrams=params.rcvbuf_datagrams,
+        ) as sink,
+        await client.bind(0) as sock,
+    ):
+        for size in params.sizes:
+            data = bytes(i & 0xFF for i in range(size))
+            count = params.datagrams
+            got, seconds = await _stream_once(sock, sink, data, count, target, params.drain)
+            mb_per_s = got * size / seconds / 1e6 if got and seconds > 0 else None
+            rows.append(
+                {
+                    "size": size,
+                    "sent": count,
+                    "received": got,
+                    "lost": count - got,
+                    "mb_per_s": mb_per_s,
+                    "mbit_per_s": mb_per_s * 8 if mb_per_s is not None else None,
+                }
+            )
+    return Result(
+        title="UDP stream bandwidth",
+        columns=[
+            Column("size", "size", "bytes"),
+            Column("sent", "sent"),
+            Column("received", "received"),
+            Column("lost", "lost"),
+            Column("mb_per_s", "bandwidth", "MB/s", 2),
+            Column("mbit_per_s", "bandwidth", "Mbit/s", 1),
+        ],
+        rows=rows,
+        facts={
+            "server": f"{target[0]}:{target[1]}",
+            "wall_seconds": time.perf_counter() - wall_start,
+        },
+        notes=["MB/s are 10^6 bytes received per second, from the first send to the last arrival"],
     )
 
 
@@ -330,6 +447,16 @@ UDP_PINGPONG = register_workload(
         Params=UdpPingPongParams,
         run=run_udp_pingpong,
         description="UDP round-trip time vs datagram size between two nodes (over ip + udp)",
+        requires=UdpService,
+    )
+)
+UDP_STREAM = register_workload(
+    WorkloadKind(
+        name="udp-stream",
+        Params=UdpStreamParams,
+        run=run_udp_stream,
+        description="UDP stream bandwidth and losses vs datagram size, node 0 -> node 1 "
+        "(over ip + udp)",
         requires=UdpService,
     )
 )

@@ -1,16 +1,16 @@
 """A recipe and ``stacklib reproduce`` give the same figure for the same configuration: paper
-000 Table 3's U-Net UDP and TCP rows from the ``udp-atm`` and ``tcp-atm`` recipes (run as
-``stacklib run`` runs them) and from :mod:`stacklib.experiments.tcpip`.  Both run in virtual
-time with the layers' own costs (the host model's per-datagram and per-segment costs), so they
-agree to rounding: the experiment divides a total by the round trips, the workload averages
-the samples."""
+000 Table 3's U-Net UDP and TCP rows from the ``udp-atm``, ``udp-atm-stream`` and ``tcp-atm``
+recipes (run as ``stacklib run`` runs them) and from :mod:`stacklib.experiments.tcpip`.  Both
+run in virtual time with the layers' own costs (the host model's per-datagram and per-segment
+costs), so they agree to rounding: the experiment divides a total by the round trips, the
+workload averages the samples."""
 
 from __future__ import annotations
 
 import attrs
 import pytest
 
-from stacklib.bench.streams import TcpStreamParams, UdpPingPongParams
+from stacklib.bench.streams import TcpStreamParams, UdpPingPongParams, UdpStreamParams
 from stacklib.experiments import tcpip
 from stacklib.recipes import load_recipe, run_recipe
 
@@ -32,6 +32,18 @@ def test_udp_atm_recipe_gives_table_3s_udp_round_trip() -> None:
     assert rows[0] == pytest.approx(tcpip.unet_udp_rtt(0), rel=SAME)
     free = tcpip.unet_udp_rtt(0, datagram_us=0.0)
     assert rows[0] - free == pytest.approx(4 * tcpip.UDP_DATAGRAM_US, rel=1e-6)
+
+
+def test_udp_atm_stream_recipe_gives_table_3s_udp_bandwidth() -> None:
+    recipe = load_recipe("udp-atm-stream")
+    assert isinstance(recipe.workload_params, UdpStreamParams)
+    assert 4096 in recipe.workload_params.sizes
+    datagrams = 20  # the experiment's 200 shortened: the same measurement
+    params = attrs.evolve(recipe.workload_params, sizes=(4096,), datagrams=datagrams)
+    (row,) = run_recipe(recipe, workload_params=params).rows
+    mb_per_s, lost = tcpip.unet_udp_bandwidth(4096, datagrams)
+    assert row["mb_per_s"] == pytest.approx(mb_per_s, rel=SAME)
+    assert row["lost"] == lost == 0
 
 
 def test_tcp_atm_recipe_gives_table_3s_tcp_round_trip_and_bandwidth() -> None:
