@@ -188,8 +188,8 @@ class UdpSocketImpl(UdpSocket):
         stack = self._stack
         cost = stack._datagram
         if cost:
-            # The per-datagram work of the user-level library runs in the receiving task
-            # (paper 000 §7.5: no kernel thread to do it); shielded, so that a datagram taken
+            # The per-datagram work runs in the receiving application's task (paper 000 §7.3:
+            # the protocols are implemented at user level); shielded, so that a datagram taken
             # off the queue is always returned.
             cpu = stack._cpu
             if cpu is not None and not cpu.try_charge(cost):

@@ -37,7 +37,7 @@ class HostModel:
     copy_mb_per_s: float = 0.0
     #: Host CPU per UDP datagram and per TCP segment, beyond copies and checksums, which the
     #: UDP and TCP layers charge where the host is simulated (their ``datagram_us`` and
-    #: ``segment_us`` override it).
+    #: ``segment_us`` override it); the SS-20's unless given.
     protocol: ProtocolCosts = SS20_PROTOCOL
 
 
@@ -51,6 +51,7 @@ HOSTS: dict[str, HostModel] = {
         # UAM block transfers cost 0.2 us/byte per round trip vs raw U-Net's ~0.125, for two
         # copies per direction (paper 000 §5.2): (0.2 - 0.125) / 4 = 0.019 us/byte per copy.
         copy_mb_per_s=53.0,
+        protocol=SS20_PROTOCOL,
     ),
     "ss10": HostModel(
         "ss10",
