@@ -42,6 +42,7 @@ WORKLOADS: dict[str, str] = {
     "bandwidth": "stacklib.bench.bandwidth",
     "logp": "stacklib.bench.logp",
     "udp-pingpong": "stacklib.bench.streams",
+    "udp-stream": "stacklib.bench.streams",
     "tcp-stream": "stacklib.bench.streams",
     "mm-pingpong": "stacklib.bench.mm_pingpong",
     "splitc": "stacklib.bench.splitc.workload",

@@ -27,10 +27,11 @@ from stacklib.layers.udp import UdpLayer, UdpParams
 from stacklib.layers.udp.driver import UdpSocketImpl, UdpStack
 from stacklib.reporting.figures import Experiment, ExperimentResult, Figure, register_experiment
 from stacklib.services import UNetService
-from stacklib.sim import Resource, Simulation
+from stacklib.sim import Simulation
 from stacklib.stack import open_stack
 from stacklib.transports.sim import AtmParams, build_atm
 from stacklib.transports.sim import kernel as k
+from stacklib.transports.sim.hosts import SS20_PROTOCOL
 from stacklib.unet import Endpoint, EndpointConfig, connect
 
 __all__ = [
@@ -55,11 +56,11 @@ ENDPOINT = EndpointConfig(
 #: protocol's headers (docs/kernel-path.md: why two cells).
 SMALL = 16
 ROUND_TRIPS = 5
-#: U-Net UDP host CPU per datagram, each side, beyond the layer's copy and checksum; charged by
-#: this benchmark because UdpParams has no per-datagram knob (docs/kernel-path.md).
-UDP_DATAGRAM_US = 4.5  # calibrated to Table 3's 138 us UDP round trip
-#: U-Net TCP host CPU per segment (TcpParams.segment_us).
-TCP_SEGMENT_US = 5.4  # calibrated to Table 3's 157 us TCP round trip
+#: U-Net UDP host CPU per datagram and TCP per segment, each side, beyond copies and checksums:
+#: the SPARCstation-20's, which the UDP and TCP layers charge themselves (the host model,
+#: stacklib/transports/sim/hosts.py; docs/kernel-path.md).  Kept here as names of the figures.
+UDP_DATAGRAM_US = SS20_PROTOCOL.udp_datagram_us  # calibrated to Table 3's 138 us UDP round trip
+TCP_SEGMENT_US = SS20_PROTOCOL.tcp_segment_us  # calibrated to Table 3's 157 us TCP round trip
 #: The TAXI fiber's 140 Mbit/s: "the maximum achievable bandwidth" of §7 (17.5 MB/s).
 LINE_MB_S = 140 / 8
 
@@ -86,41 +87,22 @@ def _ip(address: str, peer: str, channel: int) -> IpLayer:
     return IpLayer(IpParams(address=address, peers={peer: channel}))
 
 
-class _Udp:
-    """A UDP socket that also charges UDP_DATAGRAM_US per datagram to the host CPU."""
-
-    def __init__(self, sock: UdpSocketImpl, cpu: Resource, datagram_us: float) -> None:
-        self.sock, self.cpu, self.cost = sock, cpu, datagram_us * 1e-6
-
-    async def sendto(self, data: bytes, address: tuple[str, int]) -> None:
-        await self.cpu.use(self.cost)
-        await self.sock.sendto(data, address)
-
-    async def recvfrom(self) -> tuple[bytes, tuple[str, int]]:
-        got = await self.sock.recvfrom()
-        await self.cpu.use(self.cost)
-        return got
-
-
 @asynccontextmanager
 async def _udp_pair(
-    ep_a: Endpoint, ep_b: Endpoint, ch_a: int, ch_b: int, datagram_us: float
-) -> AsyncIterator[tuple[_Udp, _Udp]]:
-    params = UdpParams(rcvbuf_bytes=4 << 20, rcvbuf_datagrams=4096)
+    ep_a: Endpoint, ep_b: Endpoint, ch_a: int, ch_b: int, datagram_us: float | None
+) -> AsyncIterator[tuple[UdpSocketImpl, UdpSocketImpl]]:
+    params = UdpParams(rcvbuf_bytes=4 << 20, rcvbuf_datagrams=4096, datagram_us=datagram_us)
     async with (
         open_stack(UNetService(ep_a), [_ip(A, B, ch_a), UdpLayer(params)]) as a,
         open_stack(UNetService(ep_b), [_ip(B, A, ch_b), UdpLayer(params)]) as b,
     ):
         assert isinstance(a, UdpStack) and isinstance(b, UdpStack)
-        sa, sb = await a.bind(1000), await b.bind(7)
-        yield (
-            _Udp(sa, ep_a.ni.host.resource("cpu"), datagram_us),
-            _Udp(sb, ep_b.ni.host.resource("cpu"), datagram_us),
-        )
+        yield await a.bind(1000), await b.bind(7)
 
 
-def unet_udp_rtt(size: int, datagram_us: float = UDP_DATAGRAM_US) -> float:
-    """U-Net UDP echo round trip of ``size`` bytes, microseconds."""
+def unet_udp_rtt(size: int, datagram_us: float | None = None) -> float:
+    """U-Net UDP echo round trip of ``size`` bytes, microseconds (``datagram_us``: the UDP
+    layer's per-datagram cost; absent, the host's)."""
     result: list[float] = []
 
     async def main(ep_a: Endpoint, ep_b: Endpoint, ch_a: int, ch_b: int) -> None:
@@ -149,7 +131,7 @@ def unet_udp_rtt(size: int, datagram_us: float = UDP_DATAGRAM_US) -> float:
 
 
 def unet_udp_bandwidth(
-    size: int, datagrams: int = 200, datagram_us: float = UDP_DATAGRAM_US
+    size: int, datagrams: int = 200, datagram_us: float | None = None
 ) -> tuple[float, int]:
     """U-Net UDP stream of ``datagrams`` of ``size`` bytes: (received MB/s, datagrams lost)."""
     result: list[tuple[float, int]] = []
@@ -199,11 +181,11 @@ async def _tcp_pair(
         await server.aclose()
 
 
-def _tcp_params(window: int = 8192, segment_us: float = TCP_SEGMENT_US) -> TcpParams:
+def _tcp_params(window: int = 8192, segment_us: float | None = None) -> TcpParams:
     return TcpParams(send_buffer=window, receive_buffer=window, segment_us=segment_us)
 
 
-def unet_tcp_rtt(size: int, segment_us: float = TCP_SEGMENT_US) -> float:
+def unet_tcp_rtt(size: int, segment_us: float | None = None) -> float:
     """U-Net TCP request-response round trip of ``size`` bytes, microseconds."""
     result: list[float] = []
 
@@ -233,7 +215,7 @@ def unet_tcp_rtt(size: int, segment_us: float = TCP_SEGMENT_US) -> float:
 
 
 def unet_tcp_bandwidth(
-    window: int = 8192, total: int = 1 << 20, segment_us: float = TCP_SEGMENT_US
+    window: int = 8192, total: int = 1 << 20, segment_us: float | None = None
 ) -> float:
     """U-Net TCP bulk transfer of ``total`` bytes in 8 KB writes, MB/s."""
     result: list[float] = []
@@ -277,12 +259,12 @@ def tcpip(curves: bool = False) -> ExperimentResult:
     peak = max(k.udp_bandwidth(n, atm).received_mb_s for n in range(1024, 9161, 512))
     figures = [
         Figure("Table 3: UDP round trip (16 B)", 138, udp_rtt, "us",
-               "paper 000 Table 3 (calibrated: UDP_DATAGRAM_US)"),
+               "paper 000 Table 3 (calibrated: ProtocolCosts.udp_datagram_us)"),
         Figure("Table 3: UDP bandwidth, 4 KB", 120, udp_bw * 8, "Mbit/s", "paper 000 Table 3"),
         Figure("U-Net UDP stream: datagrams received / sent", 1.0, (200 - udp_lost) / 200,
                "ratio", "paper 000 §7.6: U-Net UDP 'does not experience any losses'", 0.0),
         Figure("Table 3: TCP round trip (16 B)", 157, tcp_rtt, "us",
-               "paper 000 Table 3 (calibrated: TcpParams.segment_us)"),
+               "paper 000 Table 3 (calibrated: ProtocolCosts.tcp_segment_us)"),
         Figure("Table 3: TCP bandwidth (8 KB window)", 115, tcp_bw * 8, "Mbit/s",
                "paper 000 Table 3"),
         Figure("Fig 8: U-Net TCP, 8 KB window", 14.5, tcp_bw, "MB/s",

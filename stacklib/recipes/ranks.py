@@ -191,7 +191,12 @@ async def _udp_pingpong(session: RankSession) -> Result | None:
 async def _tcp_stream(session: RankSession) -> Result | None:
     """The ``tcp-stream`` workload's two sides (:func:`~stacklib.bench.streams.run_tcp_stream`
     runs both in one process): rank 0 sends, rank 1 receives and answers the requests."""
-    from stacklib.bench.streams import drive_tcp_stream, serve_tcp_stream, tcp_stream_result
+    from stacklib.bench.streams import (
+        TO_ANSWER,
+        drive_tcp_stream,
+        serve_tcp_stream,
+        tcp_stream_result,
+    )
 
     tcp = typing.cast(StreamService, session.service)
     params = session.params
@@ -211,7 +216,7 @@ async def _tcp_stream(session: RankSession) -> Result | None:
         "segments_sent_by_node0": segments,
         "wall_seconds": time.perf_counter() - wall_start,
     }
-    return tcp_stream_result(params, elapsed, samples, facts)
+    return tcp_stream_result(params, elapsed, samples, facts, TO_ANSWER)
 
 
 async def _splitc(session: RankSession) -> Result | None:

@@ -19,7 +19,7 @@ import attrs
 
 from stacklib.errors import ConfigError
 
-__all__ = ["Citation", "Cost", "CostProfile", "citations", "cited", "us"]
+__all__ = ["Citation", "Cost", "CostProfile", "ProtocolCosts", "citations", "cited", "us"]
 
 T = TypeVar("T")
 
@@ -218,3 +218,31 @@ def _collect(instance: object, prefix: str, found: list[Citation]) -> None:
             )
         if attrs.has(type(value)):
             _collect(value, name + ".", found)
+
+
+@attrs.frozen
+class ProtocolCosts:
+    """Host CPU per message of the user-level UDP and TCP (paper 000 §7.5-7.7) on one host,
+    microseconds: the protocol work beyond the copy and checksum of the data, which the layers
+    charge by the byte.  The defaults are the SPARCstation-20's, calibrated to paper 000 Table
+    3; a simulated host's figures live in its host model (stacklib/transports/sim/hosts.py) and
+    reach the layers through the NI (``UNetNI.host_protocol``)."""
+
+    udp_datagram_us: float = cited(
+        4.5,
+        "calibrated: paper 000 §7.6, Table 3's 138 us U-Net UDP round trip (16 B) on "
+        "SPARCstation-20s",
+        "us",
+        validator=_non_negative,
+    )
+    tcp_segment_us: float = cited(
+        5.4,
+        "calibrated: paper 000 §7.7, Table 3's 157 us U-Net TCP round trip (16 B) on "
+        "SPARCstation-20s",
+        "us",
+        validator=_non_negative,
+    )
+
+    def scaled(self, factor: float) -> ProtocolCosts:
+        """These costs times ``factor`` (another host's, by the ratio of clock rates)."""
+        return ProtocolCosts(self.udp_datagram_us * factor, self.tcp_segment_us * factor)

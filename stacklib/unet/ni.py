@@ -54,6 +54,7 @@ from stacklib.wire.descriptor import (
 
 if TYPE_CHECKING:
     from stacklib.sim import Host
+    from stacklib.sim.costs import ProtocolCosts
 
 Payload = bytes | bytearray | memoryview
 
@@ -133,6 +134,9 @@ class NetworkInterface:
         #: Host CPU seconds per byte of a memory copy on this host (layers that copy data in
         #: and out of the segment, such as Active Messages, charge it); 0 where not modeled.
         self.host_copy_per_byte = 0.0
+        #: Host CPU per message of the user-level UDP and TCP on this host (their layers charge
+        #: it); None where not modeled.  Simulated transports set it from the host model.
+        self.host_protocol: ProtocolCosts | None = None
         if profile is not None:
             if SEND_OP in profile.ops:
                 self.host_send_cost = profile.ops[SEND_OP].seconds

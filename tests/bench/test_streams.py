@@ -8,7 +8,7 @@ import attrs
 import pytest
 import trio
 
-from stacklib.bench.streams import TcpStreamParams, UdpPingPongParams
+from stacklib.bench.streams import TcpStreamParams, UdpPingPongParams, UdpStreamParams
 from stacklib.bench.tcp_bulk import bench_tcp, kernel_transfer, stacklib_transfer
 from stacklib.recipes import load_recipe, run_recipe
 
@@ -36,6 +36,30 @@ def test_udp_size_over_the_path_limit_is_refused() -> None:
     recipe = load_recipe(RECIPES / "udp-fe.toml")
     params = attrs.evolve(recipe.workload_params, sizes=(1470,), iterations=1, warmup=0)
     with pytest.raises(ValueError, match="1469"):
+        run_recipe(recipe, workload_params=params)
+
+
+def test_udp_stream_recipe_runs_and_counts_losses() -> None:
+    recipe = load_recipe(RECIPES / "udp-atm-stream.toml")
+    assert isinstance(recipe.workload_params, UdpStreamParams)
+    params = attrs.evolve(recipe.workload_params, sizes=(1024, 4096), datagrams=10)
+    result = run_recipe(recipe, workload_params=params)
+    assert [row["size"] for row in result.rows] == [1024, 4096]
+    assert all(row["received"] == 10 and row["lost"] == 0 for row in result.rows)
+    rates = [row["mb_per_s"] for row in result.rows]
+    assert all(isinstance(rate, float) for rate in rates)
+    assert rates == sorted(rates)  # virtual time: bigger datagrams amortise the fixed costs
+    # U-Net's receiver keeps up (paper 000 §7.6: no losses); with no room in the receive
+    # buffer every datagram is dropped, and the stream reports them lost and no bandwidth.
+    none = attrs.evolve(params, sizes=(4096,), rcvbuf_datagrams=0, drain=0.01)
+    (row,) = run_recipe(recipe, workload_params=none).rows
+    assert (row["received"], row["lost"], row["mb_per_s"]) == (0, 10, None)
+
+
+def test_udp_stream_size_over_the_path_limit_is_refused() -> None:
+    recipe = load_recipe(RECIPES / "udp-atm-stream.toml")
+    params = attrs.evolve(recipe.workload_params, sizes=(65000,), datagrams=1)
+    with pytest.raises(ValueError, match="maximum message"):
         run_recipe(recipe, workload_params=params)
 
 

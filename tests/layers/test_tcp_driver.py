@@ -321,6 +321,48 @@ async def test_layer_registration_and_assembly() -> None:
 # --- simulated ATM, virtual time --------------------------------------------------------------
 
 
+def _segment_cpu(kind: str, segment_us: float | None) -> tuple[float, int]:
+    """Node a's host CPU seconds and segments in and out for a 16-byte exchange."""
+    sim = Simulation(seed=7)
+    pair = make_pair(sim, kind=kind)
+    got: list[tuple[float, int]] = []
+
+    async def main() -> None:
+        async with tcp_pair(pair, segment_us=segment_us) as (a, b):
+            listener = await b.listen(80)
+            client = await a.connect_to(B, 80)
+            server = await listener.accept()
+            cpu = pair.ep_a.ni.host.resource("cpu")
+            busy, counts = cpu.busy_time, a.statistics()
+            before = int(counts["segments_in"]) + int(counts["segments_out"])  # type: ignore[call-overload]
+            await client.send_all(bytes(16))
+            await server.receive_some(16)
+            await server.send_all(bytes(16))
+            await client.receive_some(16)
+            await trio.sleep(1.0)  # whatever acknowledgment is still due
+            counts = a.statistics()
+            after = int(counts["segments_in"]) + int(counts["segments_out"])  # type: ignore[call-overload]
+            got.append((cpu.busy_time - busy, after - before))
+            await client.aclose()
+            await server.aclose()
+
+    run_virtual(sim, main)
+    return got[0]
+
+
+@pytest.mark.parametrize(("kind", "host_us"), [("atm", 5.4), ("fe", 5.4 * 60 / 120)])
+def test_per_segment_cost_comes_from_the_host_model(kind: str, host_us: float) -> None:
+    # The SPARCstation-20's 5.4 us calibrated to paper 000 Table 3; the Pentium's by clock.
+    free, segments = _segment_cpu(kind, 0.0)
+    host, same = _segment_cpu(kind, None)
+    assert segments >= 2 and same == segments
+    assert host - free == pytest.approx(segments * host_us * 1e-6, rel=1e-9)
+    given, _ = _segment_cpu(kind, 1.0)
+    assert given - free == pytest.approx(segments * 1e-6, rel=1e-9)
+    with pytest.raises(ValueError, match="segment_us"):
+        TcpParams(segment_us=-1.0)
+
+
 def test_one_megabyte_each_way_over_simulated_atm() -> None:
     seen: dict[str, object] = {}
 

@@ -1,6 +1,7 @@
 """UDP: the format and its checksum (golden bytes, round trips, any input, codec vs construct)
 and the layer: echo both ways, checksum policies, receive-buffer overflow, the PCB cache, the
-MTU, a peer's fragments, costs in virtual time over a simulated U-Net ATM pair."""
+MTU, a peer's fragments, costs in virtual time over a simulated U-Net ATM pair (the checksum's
+and the per-datagram cost from the host model) and none without a simulated host."""
 
 from __future__ import annotations
 
@@ -279,6 +280,54 @@ def test_echo_and_costs_in_virtual_time_over_unet_atm() -> None:
     assert result["rtt_both"] > result["rtt_none"] > 0
 
 
+def _cpu_per_round_trip(kind: str, datagram_us: float | None) -> float:
+    """Seconds of node a's host CPU per 16-byte round trip through node b's echo."""
+    sim = Simulation(seed=1)
+    pair = make_pair(sim, kind=kind)
+    spent: list[float] = []
+
+    async def main() -> None:
+        ca, cb = await open_udp(pair, UdpParams(datagram_us=datagram_us))
+        async with ca as a, cb as b, trio.open_nursery() as nursery:
+            await nursery.start(echo_server, b, 7)
+            sock = await a.bind()
+            cpu = pair.ep_a.ni.host.resource("cpu")
+            busy = cpu.busy_time
+            for _ in range(4):
+                await sock.sendto(bytes(16), (B, 7))
+                await sock.recvfrom()
+            spent.append((cpu.busy_time - busy) / 4)
+            nursery.cancel_scope.cancel()
+
+    run_virtual(sim, main)
+    return spent[0]
+
+
+@pytest.mark.parametrize(("kind", "host_us"), [("atm", 4.5), ("fe", 4.5 * 60 / 120)])
+def test_the_layer_charges_its_per_datagram_cost_from_the_host_model(
+    kind: str, host_us: float
+) -> None:
+    # Node a sends one datagram and receives one per round trip: two per-datagram costs, the
+    # SPARCstation-20's calibrated 4.5 us (paper 000 Table 3), the 120 MHz Pentium's by clock.
+    free = _cpu_per_round_trip(kind, 0.0)
+    assert _cpu_per_round_trip(kind, None) - free == pytest.approx(2 * host_us * 1e-6, rel=1e-9)
+    assert _cpu_per_round_trip(kind, 10.0) - free == pytest.approx(2 * 10e-6, rel=1e-9)
+
+
+async def test_nothing_is_charged_without_a_simulated_host() -> None:
+    pair = make_pair()
+    ca, cb = await open_udp(pair, UdpParams(datagram_us=1000.0))
+    async with ca as a, cb as b, trio.open_nursery() as nursery:
+        assert a.ip.modeled_cpu is None and a.ip.modeled_protocol is None
+        await nursery.start(echo_server, b, 7)
+        sock = await a.bind()
+        with trio.fail_after(5):
+            await sock.sendto(b"ping", (B, 7))
+            assert (await sock.recvfrom())[0] == b"ping"
+        assert a._datagram == 0.0  # the 1000 us are not charged: no CPU is simulated
+        nursery.cancel_scope.cancel()
+
+
 async def test_assembly_and_registration() -> None:
     assert layer_class("udp") is UdpLayer
     with pytest.raises(AssemblyError):
@@ -287,7 +336,12 @@ async def test_assembly_and_registration() -> None:
     with pytest.raises(AssemblyError):
         async with open_stack(UNetService(make_pair().ep_a), [UdpLayer()]):
             pass
-    bads: list[dict[str, Any]] = [{"rcvbuf_bytes": -1}, {"checksum_us_per_100_bytes": -1.0}]
+    bads: list[dict[str, Any]] = [
+        {"rcvbuf_bytes": -1},
+        {"checksum_us_per_100_bytes": -1.0},
+        {"datagram_us": -1.0},
+        {"datagram_us": "4.5"},
+    ]
     for bad in bads:
         with pytest.raises(ValueError):
             UdpParams(**bad)

@@ -1,4 +1,5 @@
-"""Cost profiles as strict data, and citations of published parameters."""
+"""Cost profiles as strict data, citations of published parameters, and the hosts' per-message
+UDP and TCP costs."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import pytest
 
 from stacklib.errors import ConfigError
 from stacklib.sim import Citation, Cost, CostProfile, citations, cited, us
+from stacklib.sim.costs import ProtocolCosts
+from stacklib.transports.sim.hosts import HOSTS
 
 GOOD: dict[str, Any] = {
     "name": "sba200",
@@ -140,3 +143,17 @@ def test_citations_lists_nested_cited_fields_with_current_values() -> None:
 def test_from_mapping_rejects_a_non_table() -> None:
     with pytest.raises(ConfigError, match="expected a table"):
         CostProfile.from_mapping([1, 2], "bad.toml")  # type: ignore[arg-type]
+
+
+def test_protocol_costs_are_cited_and_live_in_the_host_model() -> None:
+    ss20 = HOSTS["ss20"].protocol
+    assert (ss20.udp_datagram_us, ss20.tcp_segment_us) == (4.5, 5.4)
+    cited_ = {c.name: c.cite for c in citations(ss20)}
+    assert "Table 3" in cited_["udp_datagram_us"] and "Table 3" in cited_["tcp_segment_us"]
+    # Other hosts by clock rate from the SS-20's 60 MHz.
+    p120 = HOSTS["p120"].protocol
+    assert p120.udp_datagram_us == pytest.approx(2.25)
+    assert p120.tcp_segment_us == pytest.approx(2.7)
+    assert all(host.protocol.udp_datagram_us > 0 for host in HOSTS.values())
+    with pytest.raises(ValueError, match="udp_datagram_us"):
+        ProtocolCosts(udp_datagram_us=-1.0)

@@ -88,6 +88,7 @@ from stacklib.stack import Layer, register_layer, serve
 from stacklib.unet.endpoint import Endpoint
 
 if TYPE_CHECKING:
+    from stacklib.sim.costs import ProtocolCosts
     from stacklib.sim.resources import Resource
 
 __all__ = [
@@ -519,6 +520,7 @@ class UNetIpStack(IpStack):
         self._mtu = min(params.mtu, below.max_message)
         self._cpu: Resource | None = None
         self._copy = 0.0
+        self._protocol: ProtocolCosts | None = None
         # The endpoint to send on without waiting (send_nowait), when nothing is modeled.
         self._nowait: Endpoint | None = None
         # What the service below lends (raw U-Net lends its endpoint): the host to charge,
@@ -529,6 +531,7 @@ class UNetIpStack(IpStack):
             if ni.host_copy_per_byte > 0:
                 self._cpu = ni.host.resource("cpu")
                 self._copy = ni.host_copy_per_byte
+                self._protocol = ni.host_protocol
             elif ni.host_send_cost is None:
                 self._nowait = endpoint
 
@@ -569,6 +572,10 @@ class UNetIpStack(IpStack):
     @property
     def modeled_copy_per_byte(self) -> float:
         return self._copy
+
+    @property
+    def modeled_protocol(self) -> ProtocolCosts | None:
+        return self._protocol
 
     async def _transmit(self, dst: str, packet: bytes) -> None:
         await self._below.send(self._routes[dst], packet)

@@ -26,6 +26,7 @@ import trio
 from stacklib.services import DatagramService, FrameService, Service  # FrameService: re-exported
 
 if TYPE_CHECKING:
+    from stacklib.sim.costs import ProtocolCosts
     from stacklib.sim.resources import Resource
 
 __all__ = [
@@ -125,6 +126,12 @@ class IpService(Service):
     def modeled_copy_per_byte(self) -> float:
         """Seconds per byte of a host memory copy where modeled (else 0.0)."""
         return 0.0
+
+    @property
+    def modeled_protocol(self) -> ProtocolCosts | None:
+        """The host's per-message UDP and TCP costs where modeled (else None): the transports
+        above charge them to :attr:`modeled_cpu` unless their parameters override them."""
+        return None
 
 
 class UdpSocket(abc.ABC):

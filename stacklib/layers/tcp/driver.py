@@ -147,6 +147,13 @@ def _positive(instance: object, attribute: attrs.Attribute[float], value: float)
         raise ValueError(f"{attribute.name} must be a positive number, got {value!r}")
 
 
+def _optional_non_negative(
+    instance: object, attribute: attrs.Attribute[float | None], value: float | None
+) -> None:
+    if value is not None:
+        _non_negative(instance, attribute, value)  # type: ignore[arg-type]
+
+
 def _optional_seed(instance: object, attribute: attrs.Attribute[int | None], value: object) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
         raise ValueError(f"{attribute.name} must be an integer or absent, got {value!r}")
@@ -199,14 +206,11 @@ class TcpParams:
     service_port: int = attrs.field(default=5995, validator=_int_in(0, 0xFFFF))
     #: Seed of ISNs and ephemeral ports; absent: the world's stream where modeled, else random.
     seed: int | None = attrs.field(default=None, validator=_optional_seed)
-    #: Host CPU per segment sent or received, where the NI models the host.
-    segment_us: float = cited(
-        5.0,
-        "placeholder, calibrated later (paper 000 Table 3: TCP's 157 us round trip is 19 us "
-        "above UDP's 138 us)",
-        "us",
-        validator=_non_negative,
-    )
+    #: Host CPU per segment sent or received, beyond its copy and checksum, where the NI
+    #: models the host; absent: the simulated host's
+    #: (:attr:`~stacklib.sim.costs.ProtocolCosts.tcp_segment_us`: 5.4 us on the
+    #: SPARCstation-20, calibrated to paper 000 §7.7, Table 3's 157 us round trip).
+    segment_us: float | None = attrs.field(default=None, validator=_optional_non_negative)
     #: Host CPU for the checksum, where modeled and computed.
     checksum_us_per_100_bytes: float = cited(
         1.0,
@@ -576,6 +580,11 @@ class TcpStack(StreamService):
         self._out_lot = trio.lowlevel.ParkingLot()
         self._cpu: Resource | None = ip.modeled_cpu
         self._copy = ip.modeled_copy_per_byte
+        segment_us = params.segment_us
+        if segment_us is None:
+            protocol = ip.modeled_protocol
+            segment_us = protocol.tcp_segment_us if protocol is not None else 0.0
+        self._segment = segment_us * 1e-6
         if self._cpu is None:
             # No modeled CPU to charge per segment: let IP's receive task feed segments
             # straight to the demultiplexer, saving a task hand-off per segment (the receive
@@ -780,7 +789,7 @@ class TcpStack(StreamService):
         self._out_lot.unpark()
 
     def _cost(self, payload: int) -> float:
-        cost = self.params.segment_us * 1e-6 + payload * self._copy
+        cost = self._segment + payload * self._copy
         if self._summed:
             cost += (payload + HEADER_SIZE) * self._sum
         return cost

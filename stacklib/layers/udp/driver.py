@@ -32,9 +32,12 @@ in the caller's task (paper 000 §7.5: IP's send side "is collapsed into the tra
   datagram on that port from an address IP has no peer id for, or from another port, is
   dropped and counted (``unknown_peer``).
 * **Costs** (only where the NI models the host, ``endpoint.ni.host_copy_per_byte > 0``): each
-  datagram sent or received holds the host CPU for one copy of its data plus, when the
-  checksum is computed, ``checksum_us_per_100_bytes`` (paper 000 §7.6: "1μs per 100 bytes on a
-  SPARCStation 20").
+  datagram sent or received holds the host CPU for ``datagram_us`` (absent: the simulated
+  host's :attr:`~stacklib.sim.costs.ProtocolCosts.udp_datagram_us`, 4.5 us on the
+  SPARCstation-20, calibrated to paper 000 §7.6, Table 3), then one copy of its data plus, when
+  the checksum is computed, ``checksum_us_per_100_bytes`` (paper 000 §7.6: "1μs per 100 bytes
+  on a SPARCStation 20").  The sender's task pays on send; on receive the copy is paid by the
+  receive task and the per-datagram work by the task that takes the datagram (``recvfrom``).
 """
 
 from __future__ import annotations
@@ -92,6 +95,13 @@ def _non_negative(instance: object, attribute: attrs.Attribute[float], value: fl
         raise ValueError(f"{attribute.name} must be a number >= 0, got {value!r}")
 
 
+def _optional_non_negative(
+    instance: object, attribute: attrs.Attribute[float | None], value: float | None
+) -> None:
+    if value is not None:
+        _non_negative(instance, attribute, value)  # type: ignore[arg-type]
+
+
 @attrs.frozen
 class UdpParams:
     """Parameters of the UDP layer (``[[layers]] kind = "udp"``)."""
@@ -109,6 +119,11 @@ class UdpParams:
     #: bound when the face is first used.  5995, TCP's service port: a port Wireshark claims
     #: for no protocol, so captures dissect as plain UDP (7001 was AFS's Rx; docs/captures.md).
     port: int = attrs.field(default=5995, validator=_int_in(1, 0xFFFF))
+    #: Host CPU per datagram sent and per datagram received, beyond its copy and checksum, on
+    #: NIs that model the host; absent: the simulated host's
+    #: (:attr:`~stacklib.sim.costs.ProtocolCosts.udp_datagram_us`: 4.5 us on the
+    #: SPARCstation-20, calibrated to paper 000 §7.6, Table 3's 138 us round trip).
+    datagram_us: float | None = attrs.field(default=None, validator=_optional_non_negative)
     #: Host CPU for the checksum, on NIs that model the host.
     checksum_us_per_100_bytes: float = cited(
         1.0,
@@ -171,6 +186,16 @@ class UdpSocketImpl(UdpSocket):
         data, source = self._queue.popleft()
         self._queued_bytes -= len(data)
         await trio.lowlevel.cancel_shielded_checkpoint()
+        stack = self._stack
+        cost = stack._datagram
+        if cost:
+            # The per-datagram work runs in the receiving application's task (paper 000 §7.3:
+            # the protocols are implemented at user level); shielded, so that a datagram taken
+            # off the queue is always returned.
+            cpu = stack._cpu
+            if cpu is not None and not cpu.try_charge(cost):
+                with trio.CancelScope(shield=True):
+                    await cpu.use(cost)
         return data, source
 
     def close(self) -> None:
@@ -232,6 +257,12 @@ class UdpStack(UdpService):
         self._cpu: Resource | None = ip.modeled_cpu
         self._copy = ip.modeled_copy_per_byte
         self._sum = params.checksum_us_per_100_bytes * 1e-6 / 100
+        datagram_us = params.datagram_us
+        if datagram_us is None:
+            protocol = ip.modeled_protocol
+            datagram_us = protocol.udp_datagram_us if protocol is not None else 0.0
+        #: Seconds of host CPU per datagram sent or received (0 where nothing is modeled).
+        self._datagram = datagram_us * 1e-6 if self._cpu is not None else 0.0
         self._face_socket: UdpSocketImpl | None = None
 
     def __repr__(self) -> str:
@@ -359,8 +390,12 @@ class UdpStack(UdpService):
             self._counts["checksums_computed"] += 1
         else:
             packet = _pack(sock.port, dport, length, 0) + bytes(data)
-        if self._cpu is not None:
-            await self._cpu.use(self._cost(len(data), sock.policy.tx))
+        cpu = self._cpu
+        if cpu is not None:
+            # Two holds, the datagram's and then its bytes', as two steps of the send path.
+            if self._datagram:
+                await cpu.use(self._datagram)
+            await cpu.use(self._cost(len(data), sock.policy.tx))
         await self.ip.send(dst, _UDP, packet)
         self._counts["sent"] += 1
 

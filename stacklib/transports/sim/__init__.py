@@ -116,6 +116,7 @@ def build_atm(
                 **ni_options,
             )
         ni.host_copy_per_byte = copy_cost(host_name)
+        ni.host_protocol = HOSTS[host_name].protocol
         cluster.add(name, host, ni)
     return cluster
 
@@ -185,6 +186,7 @@ def build_fe(
         host = Host(name, world, profile)
         ni = ni_class(name, host, fabric, model, host_scale=scale, **ni_options)
         ni.host_copy_per_byte = copy_cost(host_name)
+        ni.host_protocol = HOSTS[host_name].protocol
         cluster.add(name, host, ni)
     return cluster
 

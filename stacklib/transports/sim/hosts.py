@@ -11,7 +11,17 @@ from __future__ import annotations
 
 import attrs
 
-from stacklib.sim.costs import cited
+from stacklib.sim.costs import ProtocolCosts, cited
+
+#: The SPARCstation-20's per-message UDP and TCP costs (paper 000 Table 3's calibration).
+SS20_PROTOCOL = ProtocolCosts()
+
+
+def _by_clock(mhz: float) -> ProtocolCosts:
+    """The SS-20's protocol costs on a host of ``mhz``, by the ratio of clock rates (the
+    first-order model of host-side work, docs/reproduction.md): no paper measures U-Net UDP
+    or TCP on another host."""
+    return SS20_PROTOCOL.scaled(60.0 / mhz)
 
 
 @attrs.frozen
@@ -25,6 +35,10 @@ class HostModel:
     cite: str
     #: Memory-copy speed, bytes per microsecond (MB/s), where a paper states or implies it.
     copy_mb_per_s: float = 0.0
+    #: Host CPU per UDP datagram and per TCP segment, beyond copies and checksums, which the
+    #: UDP and TCP layers charge where the host is simulated (their ``datagram_us`` and
+    #: ``segment_us`` override it); the SS-20's unless given.
+    protocol: ProtocolCosts = SS20_PROTOCOL
 
 
 HOSTS: dict[str, HostModel] = {
@@ -37,6 +51,7 @@ HOSTS: dict[str, HostModel] = {
         # UAM block transfers cost 0.2 us/byte per round trip vs raw U-Net's ~0.125, for two
         # copies per direction (paper 000 §5.2): (0.2 - 0.125) / 4 = 0.019 us/byte per copy.
         copy_mb_per_s=53.0,
+        protocol=SS20_PROTOCOL,
     ),
     "ss10": HostModel(
         "ss10",
@@ -45,6 +60,7 @@ HOSTS: dict[str, HostModel] = {
         "SBus",
         "paper 000 §4.2: three 50Mhz SPARCstation-10",
         copy_mb_per_s=44.0,
+        protocol=_by_clock(50.0),
     ),
     "p120": HostModel(
         "p120",
@@ -53,6 +69,7 @@ HOSTS: dict[str, HostModel] = {
         "PCI",
         "paper 003 §4.1, §4.3.2: 120 Mhz Pentium systems running Linux",
         copy_mb_per_s=70.0,  # paper 003 §4.4.1: "memory-copy speed is about 70Mbytes/sec"
+        protocol=_by_clock(120.0),
     ),
     "p133": HostModel(
         "p133",
@@ -61,6 +78,7 @@ HOSTS: dict[str, HostModel] = {
         "PCI",
         "paper 001 §3: a 133Mhz Pentium system running Linux",
         copy_mb_per_s=70.0,
+        protocol=_by_clock(133.0),
     ),
     "ppro200": HostModel(
         "ppro200",
@@ -68,6 +86,7 @@ HOSTS: dict[str, HostModel] = {
         200.0,
         "32-bit 33 MHz PCI (133 MB/s)",
         "paper 004 §3",
+        protocol=_by_clock(200.0),
     ),
 }
 
