@@ -308,7 +308,9 @@ class LeanPath(ExecutionPath):
     ) -> bool:
         """:meth:`_flush` for one machine, when nothing refused waits for any peer."""
         service = self.service
-        datagrams = machine.datagrams_to_send(service._now() if now is None else now)
+        if now is None:
+            now = service._now()
+        datagrams = machine.datagrams_to_send(now)
         done = True
         if datagrams:
             send = self._endpoint.send_nowait
@@ -319,7 +321,8 @@ class LeanPath(ExecutionPath):
                     self._unsent[peer] = deque(datagrams[index:])
                     done = False
                     break
-        if kick and not self._kicked:
+        # (A pump whose deadline has passed runs at the next checkpoint anyway: no kick.)
+        if kick and not self._kicked and now < self._pump_deadline:
             timer = machine.get_timer()
             if not done or (timer is not None and timer < self._pump_deadline):
                 self._kicked = True
