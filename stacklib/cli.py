@@ -327,8 +327,8 @@ def _add_bench(commands: argparse._SubParsersAction[Any]) -> None:
         "real",
         help="U-Net over shared memory vs kernel UDP sockets between two processes",
         description="Two processes, one run: a 40-byte ping-pong over the shm transport and "
-        "over kernel UDP sockets, the one-way message rate and 64 KiB bulk bandwidth over shm "
-        "(docs/transports.md).",
+        "over kernel UDP sockets, UAM request/reply and a Split-C read over shm, the one-way "
+        "message rate and 64 KiB bulk bandwidth over shm (docs/transports.md).",
     )
     b.add_argument("--iterations", type=int, default=20000, help="round trips per ping-pong")
     b.add_argument("--messages", type=int, default=200000, help="messages in the rate test")
@@ -336,8 +336,20 @@ def _add_bench(commands: argparse._SubParsersAction[Any]) -> None:
     b.add_argument(
         "--only",
         nargs="+",
-        choices=["shm", "udp", "trio", "udp1", "uam", "uamtrio", "rate", "bulk"],
-        help="run only these measurements (uam: UAM request/reply with explicit polling)",
+        choices=[
+            "shm",
+            "udp",
+            "trio",
+            "udp1",
+            "uam",
+            "uamtrio",
+            "splitc",
+            "splitctrio",
+            "rate",
+            "bulk",
+        ],
+        help="run only these measurements (uam: UAM request/reply with explicit polling; "
+        "splitc: a Split-C blocking read, polled)",
     )
     b.add_argument(
         "--compare",

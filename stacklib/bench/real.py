@@ -8,6 +8,8 @@ magnitude faster.  This benchmark measures it on today's machine, between two re
   fastest kernel path; and, if built, U-Net over the udp transport);
 * UAM (GAM 1.1) request/reply over shm: a four-word request to a handler that replies
   (:func:`uam_pingpong`), with explicit polling and with trio tasks;
+* Split-C's blocking read of a remote 8-byte element over shm, polled and awaited
+  (:func:`stacklib.bench.real_am.splitc_read`);
 * one-way message rate over shm with 40-byte messages;
 * bulk bandwidth over shm with 64 KiB messages.
 
@@ -28,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from stacklib.bench import shm_rates
+from stacklib.bench import real_am, shm_rates
 from stacklib.bench.peers.shm import PeerSpec, spawn_peer
 from stacklib.bench.result import Cell, Column, Result
 from stacklib.layers.uam import UamLayer, UamParams, UamService
@@ -435,17 +437,31 @@ def _best(fn: Callable[[], float], repeat: int) -> float:
 
 
 #: The measurements of :func:`bench_real`, by key (``stacklib bench real --only KEY``).
-MEASUREMENTS = ("shm", "udp", "trio", "udp1", "uam", "uamtrio", "rate", "bulk")
+MEASUREMENTS = (
+    "shm",
+    "udp",
+    "trio",
+    "udp1",
+    "uam",
+    "uamtrio",
+    "splitc",
+    "splitctrio",
+    "rate",
+    "bulk",
+)
 
 #: Baselines :func:`bench_real` can run beside its own rows (``--compare``).
 COMPARISONS = ("mpi",)
 
 #: The mpi4py rows: (key in stacklib/bench/mpi/p2p.py's result, name, the stacklib row whose
 #: ratio it anchors).  Buffer ``Send``/``Recv`` is mpi4py at its best; pickled
-#: ``send``/``recv`` is what most mpi4py code writes.
+#: ``send``/``recv`` is what most mpi4py code writes.  A remote read is a 16-byte request
+#: answered with 8 bytes by ``Send``/``Recv`` (the Split-C rows' anchor), or one-sided ``Get``.
 _MPI_ROWS = (
     ("buffer", "ping-pong, mpi4py Send/Recv on buffers (2 CPUs)"),
     ("pickle", "ping-pong, mpi4py pickled send/recv (2 CPUs)"),
+    ("read", "remote 8 B read, mpi4py Send/Recv request and reply (2 CPUs)"),
+    ("rma", "remote 8 B read, mpi4py one-sided Get + Flush (2 CPUs)"),
     ("rate", "one-way message rate, mpi4py Send"),
     ("bulk", "bulk bandwidth, mpi4py Send, 64 KiB messages"),
 )
@@ -494,8 +510,10 @@ def bench_real(
 
     Both processes are pinned to two different CPUs (the U-Net case: two applications, two
     processors); kernel UDP is also measured with both processes on one CPU, where a wake-up
-    is a cheap same-CPU switch, for completeness.  The UAM rows run
-    ``iterations // 10`` round trips, as the kernel rows do.
+    is a cheap same-CPU switch, for completeness.  The UAM and Split-C rows run
+    ``iterations // 10`` round trips, as the kernel rows do.  With ``compare="mpi"`` the
+    Split-C read rows are set against mpi4py's read of the same bytes (a 16-byte request and
+    an 8-byte reply with ``Send``/``Recv``), the polled one with a target of at most 3x.
     """
     unknown = sorted(set(only or ()) - set(MEASUREMENTS))
     if unknown:
@@ -520,6 +538,8 @@ def bench_real(
         ("udp1", lambda: udp_pingpong(few, size, same_cpu=True)),
         ("uam", lambda: uam_pingpong(few, "request", "poll")),
         ("uamtrio", lambda: uam_pingpong(few, "request", "trio")),
+        ("splitc", lambda: real_am.splitc_read(few, "poll")),
+        ("splitctrio", lambda: real_am.splitc_read(few, "trio")),
         ("rate", lambda: shm_stream(messages, size)),
         ("bulk", lambda: shm_stream(bulk_messages, _BULK)),
     ]
@@ -583,6 +603,22 @@ def bench_real(
             lambda t: True,
         ),
         (
+            "splitc",
+            "Split-C blocking read of a remote 8 B element, shm, explicit poll (2 CPUs)",
+            lambda t: t * 1e6,
+            rtt,
+            "<= 3x mpi4py read" if mpi is not None else "-",
+            lambda t: "mpi.read" not in best or t <= 3 * best["mpi.read"],
+        ),
+        (
+            "splitctrio",
+            "Split-C blocking read (await sc.read), shm (2 CPUs)",
+            lambda t: t * 1e6,
+            rtt,
+            "-",
+            lambda t: True,
+        ),
+        (
             "rate",
             f"one-way message rate, shm, {size} B",
             lambda t: messages / t,
@@ -605,12 +641,14 @@ def bench_real(
         }
         for key, name in _MPI_ROWS:
             convert, unit = units.get(key, (lambda t: t * 1e6, rtt))
-            shown = f"{size} B {name}" if unit == rtt else name
+            shown = f"{size} B {name}" if key in ("buffer", "pickle") else name
             specs.append((f"mpi.{key}", shown, convert, unit, "mpi4py", lambda t: True))
     # Each row's time over mpi4py's best for the same work: a round trip against Send/Recv on
     # buffers, a stream against mpi4py's stream of as many messages.
+    # A Split-C read against mpi4py's request/reply of the same bytes.
     anchors = {key: "mpi." + key.removeprefix("mpi.") for key in ("rate", "bulk")}
     anchors |= {value: value for value in anchors.values()}
+    anchors |= {key: "mpi.read" for key in ("splitc", "splitctrio", "mpi.read", "mpi.rma")}
     rows: list[dict[str, Cell]] = []
     for key, name, value, unit, target, met in specs:
         if key not in best:
@@ -654,7 +692,8 @@ def bench_real(
         notes.append(
             "mpi4py: Open MPI shared memory between two ranks bound to two cores (mpirun "
             "--bind-to core), on the system Python; x mpi4py best: this row's time over "
-            "mpi4py's for the same work (round trips against Send/Recv on buffers)"
+            "mpi4py's for the same work (round trips against Send/Recv on buffers, Split-C reads "
+            "against mpi4py's Send/Recv request and reply of the same bytes)"
         )
     return Result(
         title="U-Net between two processes: shared memory vs kernel UDP (one run)",

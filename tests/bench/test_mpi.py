@@ -109,7 +109,7 @@ def test_a_failing_run_is_reported(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
 def test_p2p_script_runs() -> None:
     args = ["--iterations=50", "--messages=100", "--bulk-messages=10"]
     result = mpi.run_script("p2p", 2, args, pinned=True, setup=SETUP)
-    for key in ("buffer", "pickle", "rate", "bulk"):
+    for key in ("buffer", "pickle", "read", "rma", "rate", "bulk"):
         assert result[key] > 0
     assert result["messages"] == 100 and len(result["cpus"]) == 2
 

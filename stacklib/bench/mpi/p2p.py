@@ -4,9 +4,11 @@
 
 A standalone script for the system Python with mpi4py (it does not import stacklib):
 ``mpirun -n 2 python3 p2p.py [--iterations N] [--messages M] [--bulk-messages B] [--size S]``.
-Rank 0 prints ``{"buffer": s, "pickle": s, "rate": s, "bulk": s, ...}``: the mean round trip
-of ``size``-byte messages with buffer ``Send``/``Recv`` and with pickled ``send``/``recv``, and
-the seconds rank 0 took to receive ``M`` ``size``-byte (``B`` 64 KiB) messages that rank 1
+Rank 0 prints ``{"buffer": s, "pickle": s, "read": s, "rma": s, "rate": s, "bulk": s, ...}``:
+the mean round trip of ``size``-byte messages with buffer ``Send``/``Recv`` and with pickled
+``send``/``recv``, the mean remote read of 8 bytes as a 16-byte request answered with
+``Send``/``Recv`` (the shape of a Split-C read over Active Messages) and as one-sided ``Get``,
+and the seconds rank 0 took to receive ``M`` ``size``-byte (``B`` 64 KiB) messages that rank 1
 sent with ``Send``, from the first arrival to the last, scaled to ``M`` (as
 stacklib.bench.real times its streams).  Rank 1 then gets one message back, so neither leaves
 while the other still waits.  ``cpus``: each rank's CPUs, as mpirun bound them.
@@ -55,6 +57,60 @@ def pingpong_pickle(comm, peer, size, count, lead):
     return (time.perf_counter() - start) / count
 
 
+def read_sendrecv(comm, peer, count, lead):
+    """A remote read as a request and a reply with buffer Send/Recv: a 16-byte request (what
+    Split-C's read carries: kind, size, region, op, offset) answered with the 8 bytes at the
+    offset it names, as a Split-C read over Active Messages does at its target."""
+    memory = bytearray(range(64))
+    request = bytearray(16)
+    value = bytearray(8)
+    send, recv = comm.Send, comm.Recv
+    start = time.perf_counter()
+    if lead:
+        out, into = [request, MPI.BYTE], [value, MPI.BYTE]
+        request[8:12] = (8).to_bytes(4, "little")
+        for _ in range(count):
+            send(out, peer, 3)
+            recv(into, peer, 4)
+        if value != memory[8:16]:
+            raise SystemExit(f"p2p.py: read {bytes(value)!r}")
+    else:
+        into = [request, MPI.BYTE]
+        view = memoryview(memory)
+        for _ in range(count):
+            recv(into, peer, 3)
+            offset = int.from_bytes(request[8:12], "little")
+            send([view[offset : offset + 8], MPI.BYTE], peer, 4)
+    return (time.perf_counter() - start) / count
+
+
+def read_rma(comm, peer, count, lead):
+    """A remote read as MPI one-sided ``Get`` of 8 bytes (passive target: ``Lock_all`` once,
+    then ``Get`` and ``Flush`` per read); the target waits in a barrier meanwhile."""
+    memory = bytearray(range(64))
+    window = MPI.Win.Create(memory, 1, comm=comm)
+    value = bytearray(8)
+    elapsed = 0.0
+    if lead:
+        window.Lock_all()
+        get, flush = window.Get, window.Flush
+        into, target = [value, MPI.BYTE], [8, 8, MPI.BYTE]
+        for _ in range(WARMUP):
+            get(into, peer, target=target)
+            flush(peer)
+        start = time.perf_counter()
+        for _ in range(count):
+            get(into, peer, target=target)
+            flush(peer)
+        elapsed = (time.perf_counter() - start) / count
+        window.Unlock_all()
+        if value != memory[8:16]:
+            raise SystemExit(f"p2p.py: got {bytes(value)!r}")
+    comm.Barrier()
+    window.Free()
+    return elapsed
+
+
 def stream(comm, peer, size, count, receiver):
     """Rank 1 sends ``count`` messages, rank 0 receives them: seconds at the receiver."""
     buffer = bytearray(size)
@@ -93,6 +149,10 @@ def main():
     result["buffer"] = pingpong_buffer(comm, peer, args.size, args.iterations, lead)
     pingpong_pickle(comm, peer, args.size, WARMUP, lead)
     result["pickle"] = pingpong_pickle(comm, peer, args.size, args.iterations, lead)
+    read_sendrecv(comm, peer, WARMUP, lead)
+    result["read"] = read_sendrecv(comm, peer, args.iterations, lead)
+    comm.Barrier()
+    result["rma"] = read_rma(comm, peer, args.iterations, lead)
     comm.Barrier()
     result["rate"] = stream(comm, peer, args.size, args.messages, lead)
     comm.Barrier()

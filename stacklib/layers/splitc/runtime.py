@@ -256,8 +256,9 @@ class SplitC(Service):
         )
         #: Virtual (or wall) seconds spent in :meth:`compute`.
         self.compute_time = 0.0
-        am.register_handler(self._on_request, name=_H_REQUEST)
-        am.register_handler(self._on_reply, name=_H_REPLY)
+        # The scalar paths name their handlers by index: a name is a lookup per message.
+        self._request_handler = am.register_handler(self._on_request, name=_H_REQUEST)
+        self._reply_handler = am.register_handler(self._on_reply, name=_H_REPLY)
         am.register_handler(self._on_stored, name=_H_STORED)
         am.register_handler(self._on_put, name=_H_PUT)
         am.register_handler(self._on_got, name=_H_GOT)
@@ -365,7 +366,7 @@ class SplitC(Service):
         request, pending = self._scalar(gp, Kind.READ, None)
         if request is None:
             return pending
-        await self.am.request(self._peer[gp.rank], _H_REQUEST, *request)
+        await self.am.request(self._peer[gp.rank], self._request_handler, *request)
         return pending
 
     async def put(self, gp: GlobalPtr, value: Any) -> Pending:
@@ -373,7 +374,7 @@ class SplitC(Service):
         request, pending = self._scalar(gp, Kind.WRITE, value)
         if request is None:
             return pending
-        await self.am.request(self._peer[gp.rank], _H_REQUEST, *request)
+        await self.am.request(self._peer[gp.rank], self._request_handler, *request)
         return pending
 
     async def store(self, gp: GlobalPtr, value: Any) -> None:
@@ -381,7 +382,7 @@ class SplitC(Service):
         bytes); the target counts its bytes for :meth:`store_sync`."""
         words = self._store(gp, value)
         if words is not None:
-            await self.am.request(self._peer[gp.rank], _H_REQUEST, *words)
+            await self.am.request(self._peer[gp.rank], self._request_handler, *words)
 
     def get_nowait(self, gp: GlobalPtr) -> Pending:
         """:meth:`get` that raises :class:`trio.WouldBlock` when the service cannot send
@@ -399,7 +400,7 @@ class SplitC(Service):
         words = self._store(gp, value)
         if words is not None:
             try:
-                self.am.request_nowait(self._peer[gp.rank], _H_REQUEST, *words)
+                self.am.request_nowait(self._peer[gp.rank], self._request_handler, *words)
             except trio.WouldBlock:
                 self.counters["stores"] -= 1
                 raise
@@ -408,7 +409,7 @@ class SplitC(Service):
         request, pending = self._scalar(gp, kind, value)
         if request is not None:
             try:
-                self.am.request_nowait(self._peer[gp.rank], _H_REQUEST, *request)
+                self.am.request_nowait(self._peer[gp.rank], self._request_handler, *request)
             except trio.WouldBlock:
                 # Not sent: forget the operation (request_nowait polled, as a sender with a
                 # full window does, paper 000 §5.1.2).
@@ -772,7 +773,7 @@ class SplitC(Service):
                 self._stored += size
             return  # one-way: the sender checked the bounds before sending
         answer = Kind.VALUE if kind is Kind.READ else Kind.ACK
-        self.am.reply(_H_REPLY, *reply_words(answer, size, status, op, value))
+        self.am.reply(self._reply_handler, *reply_words(answer, size, status, op, value))
 
     def _on_reply(self, peer: int, *words: int) -> None:
         try:

@@ -308,8 +308,19 @@ def reply_words(
 
 
 def _plain_words(words: Sequence[int]) -> bool:
-    return len(words) == WORDS and all(
-        word.__class__ is int and 0 <= word <= WORD_MAX for word in words
+    if len(words) != WORDS:
+        return False
+    # Unrolled (WORDS is 4), not all() over a generator: no call per word.
+    w0, w1, w2, w3 = words
+    return (
+        w0.__class__ is int
+        and w1.__class__ is int
+        and w2.__class__ is int
+        and w3.__class__ is int
+        and 0 <= w0 <= WORD_MAX
+        and 0 <= w1 <= WORD_MAX
+        and 0 <= w2 <= WORD_MAX
+        and 0 <= w3 <= WORD_MAX
     )
 
 

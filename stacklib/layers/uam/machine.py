@@ -244,7 +244,9 @@ def _check_args(args: Sequence[object]) -> tuple[int, ...]:
             if type(arg) is not int or not 0 <= arg <= WORD_MAX:
                 break
         else:
-            return cast(tuple[int, ...], args if isinstance(args, tuple) else tuple(args))
+            # (An annotated assignment, not cast(): in the pure modules cast is a call.)
+            words: tuple[int, ...] = args if args.__class__ is tuple else tuple(args)  # type: ignore[arg-type]
+            return words
     if len(args) > MAX_ARGS:
         raise LocalProtocolError(f"UAM: at most {MAX_ARGS} argument words, got {len(args)}")
     for arg in args:
@@ -380,7 +382,9 @@ class UamMachine:
         Raises :class:`LocalProtocolError` when the window is full (``request_room == 0``:
         the driver polls and waits first), after failure, or for a bad handler or argument.
         """
-        out = _Out(PduType.REQUEST, _check_handler(handler), _check_args(args), None, b"", True)
+        if handler.__class__ is not int or not 0 <= handler <= 255:
+            _check_handler(handler)
+        out = _Out(PduType.REQUEST, handler, _check_args(args), None, b"", True)
         if (
             self._state is not UamState.OPEN
             or self._credits_used + len(self._backlog) >= self.window
@@ -453,7 +457,9 @@ class UamMachine:
     def reply(self, token: int, handler: int, args: Sequence[int], now: float) -> None:
         """Reply to the request whose event carried ``token``: only while it is the event
         being handled, and once.  Replies do not wait for window space."""
-        out = _Out(PduType.REPLY, _check_handler(handler), _check_args(args))
+        if handler.__class__ is not int or not 0 <= handler <= 255:
+            _check_handler(handler)
+        out = _Out(PduType.REPLY, handler, _check_args(args))
         if (
             token != self._open_token
             or self._open_type is not PduType.REQUEST
@@ -613,7 +619,9 @@ class UamMachine:
                     )
             self._to_send = []
             if out:
-                self._advertised()
+                self._owed = 0  # advertised (_advertised(), inline)
+                self._ack_now = False
+                self._ack_deadline = None
                 return out
         owed = self._owed
         if not (owed or self._ack_now):

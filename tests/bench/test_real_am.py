@@ -1,0 +1,29 @@
+"""Split-C's blocking read between two processes over shm (stacklib/bench/real_am.py) and its
+rows in ``bench real``."""
+
+from __future__ import annotations
+
+import pytest
+
+from stacklib.bench.real import MEASUREMENTS, bench_real
+from stacklib.bench.real_am import splitc_read
+
+
+@pytest.mark.parametrize("mode", ["poll", "trio"])
+def test_splitc_read_runs_with_tiny_counts(mode: str) -> None:
+    # The client checks every value it reads (a wrong one raises).
+    assert 0 < splitc_read(20, mode, warmup=5) < 1
+
+
+def test_splitc_read_rejects_an_unknown_mode() -> None:
+    with pytest.raises(ValueError, match="no Split-C read benchmark in mode 'busy'"):
+        splitc_read(20, "busy")
+
+
+def test_bench_real_has_a_splitc_read_row() -> None:
+    assert {"splitc", "splitctrio"} <= set(MEASUREMENTS)
+    result = bench_real(iterations=100, repeat=1, only=["splitc"])
+    (row,) = result.rows
+    assert str(row["measurement"]).startswith("Split-C blocking read")
+    assert row["unit"] == "us RTT" and float(row["value"]) > 0  # type: ignore[arg-type]
+    assert row["met"] == "-"  # judged only against mpi4py (--compare mpi)
