@@ -242,7 +242,12 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     from stacklib.reproduce import run_experiments
 
     return run_experiments(
-        only=args.only, as_json=args.json, plots=args.plots, everything=args.all, full=args.full
+        only=args.only,
+        as_json=args.json,
+        plots=args.plots,
+        everything=args.all,
+        full=args.full,
+        quiet=args.quiet,
     )
 
 
@@ -483,6 +488,12 @@ def _add_reproduce(commands: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--plots", metavar="DIR", help="also draw plots into DIR (needs matplotlib)")
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress on stderr (otherwise a live bar on a terminal, a line every 5 s "
+        "elsewhere)",
+    )
     p.set_defaults(func=cmd_reproduce)
 
 

@@ -39,8 +39,10 @@ __all__ = [
     "NULL_TASK",
     "Progress",
     "Task",
+    "clear",
     "current",
     "duration",
+    "is_interrupt",
     "message",
     "shown",
     "step",
@@ -175,6 +177,17 @@ class _RichRenderer(_Renderer):
 
     def close(self) -> None:
         self.bar.stop()
+
+
+def _simulated() -> float | None:
+    """The virtual time of the simulation running in this process, if one runs: read, not
+    asked for, so the simulator's hot path knows nothing of progress (and a process that
+    never imported the simulator pays nothing)."""
+    world = sys.modules.get("stacklib.sim.world")
+    simulation = getattr(world, "RUNNING", None)
+    if simulation is None:
+        return None
+    return float(simulation.clock._now)
 
 
 def _columns() -> int:
@@ -321,6 +334,9 @@ class Progress:
             elif task.done:
                 text += f" {_number(task.done)}{' ' + task.unit if task.unit else ''}"
             parts.append(text)
+        simulated = _simulated()
+        if simulated is not None:
+            parts[-1] += f" (t={simulated:.4g} s simulated)"
         line = " > ".join(parts) + f"; {duration(now - self.tasks[0].started)} elapsed"
         fraction = None
         if estimate is not None:
@@ -331,6 +347,12 @@ class Progress:
             if 0 < fraction < 1 and spent > 0:
                 line += f", about {duration(spent * (1 - fraction) / fraction)} left"
         return line, fraction
+
+    def clear(self) -> None:
+        """Clear the live line until the next report."""
+        with self._lock:
+            if self._renderer is not None:
+                self._renderer.clear()
 
     def message(self, line: str) -> None:
         """Write ``line`` on the stream above the live line (and not through it)."""
@@ -378,6 +400,21 @@ def step(
     """A step nested in the current task for the block (:data:`NULL_TASK` when no progress
     is shown): what long loops call to report their work units."""
     return current().step(name, total, unit)
+
+
+def clear() -> None:
+    """Clear the live progress line (it comes back at the next report): before writing
+    on stdout, which may be the same terminal."""
+    active = _ACTIVE
+    if active is not None:
+        active.clear()
+
+
+def is_interrupt(error: BaseException) -> bool:
+    """Whether ``error`` is Ctrl-C: a KeyboardInterrupt, or a group (from a nursery) with one."""
+    if isinstance(error, BaseExceptionGroup):
+        return error.subgroup(KeyboardInterrupt) is not None
+    return isinstance(error, KeyboardInterrupt)
 
 
 def message(line: str) -> None:
