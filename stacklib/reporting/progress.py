@@ -67,7 +67,17 @@ class Task:
     Only the thread that opened it advances it; the display reads it from its own thread
     (a float read is atomic), so an estimate may lag by one report, never break."""
 
-    __slots__ = ("_progress", "_sample", "done", "name", "parent", "started", "total", "unit")
+    __slots__ = (
+        "_progress",
+        "_sample",
+        "detail",
+        "done",
+        "name",
+        "parent",
+        "started",
+        "total",
+        "unit",
+    )
 
     def __init__(
         self,
@@ -87,6 +97,8 @@ class Task:
         self.parent = parent
         self.started = started
         self.done = 0.0
+        #: Shown after the name instead of ``done/total`` when set (by a sample, say).
+        self.detail = ""
         self._sample: Callable[[], float] | None = None
 
     def advance(self, n: float = 1.0) -> None:
@@ -326,15 +338,17 @@ class Progress:
         for task in self.tasks:
             task._refresh()
             text = task.name
-            if task.total is not None:
+            if task.detail:
+                text += f" {task.detail}"
+            elif task.total is not None:
                 unit = f" {task.unit}" if task.unit else ""
                 text += f" {_number(task.done)}/{_number(task.total)}{unit}"
-                if task.total:
-                    estimate = task
             elif task.done:
                 text += f" {_number(task.done)}{' ' + task.unit if task.unit else ''}"
+            if task.total:
+                estimate = task
             parts.append(text)
-        simulated = _simulated()
+        simulated = None if self.tasks[-1].detail else _simulated()
         if simulated is not None:
             parts[-1] += f" (t={simulated:.4g} s simulated)"
         line = " > ".join(parts) + f"; {duration(now - self.tasks[0].started)} elapsed"
