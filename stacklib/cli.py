@@ -94,6 +94,27 @@ def cmd_decode(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from stacklib.reporting import progress
+
+    with progress.shown(f"bench {args.bench}"):
+        try:
+            result = _bench(args)
+        except progress.Interrupted as stop:
+            return _interrupted(f"bench {args.bench}", stop, args.json)
+    print(result.to_json() if args.json else result.format_table())
+    return 0
+
+
+def _interrupted(command: str, stop: Any, as_json: bool) -> int:
+    """Ctrl-C in a job whose results accumulate: print what finished, say what did not;
+    the shell's status for SIGINT."""
+    print(stop.partial.to_json() if as_json else stop.partial.format_table())
+    print(f"stacklib {command}: {stop.detail}", file=sys.stderr)
+    return 130
+
+
+def _bench(args: argparse.Namespace) -> Any:
+    """The result of the bench ``args`` name."""
     if args.bench == "core":
         from stacklib.bench import core
 
@@ -138,8 +159,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         result = _bench_transport(args)
     else:
         result = _bench_workload(args)
-    print(result.to_json() if args.json else result.format_table())
-    return 0
+    return result
 
 
 def _bench_transport(args: argparse.Namespace) -> Any:
@@ -211,6 +231,7 @@ def _bench_workload(args: argparse.Namespace) -> Any:
 
 def cmd_faults(args: argparse.Namespace) -> int:
     from stacklib.bench.faults import CAMPAIGNS, FaultsParams, ReliabilityError, bench_faults
+    from stacklib.reporting import progress
 
     params = FaultsParams(
         messages=args.messages,
@@ -222,7 +243,10 @@ def cmd_faults(args: argparse.Namespace) -> int:
         campaigns=tuple(args.only or CAMPAIGNS),
     )
     try:
-        result = bench_faults(params)
+        with progress.shown("bench faults", len(params.campaigns)):
+            result = bench_faults(params)
+    except progress.Interrupted as stop:
+        return _interrupted("bench faults", stop, args.json)
     except ReliabilityError as error:
         failed = error.result  # type: ignore[attr-defined]
         print(failed.to_json() if args.json else failed.format_table())

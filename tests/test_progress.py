@@ -173,3 +173,23 @@ def test_the_ticker_reports_while_nothing_advances() -> None:
 @pytest.mark.parametrize(("seconds", "text"), [(0, "0:00"), (61.4, "1:01"), (3725, "1:02:05")])
 def test_durations(seconds: float, text: str) -> None:
     assert progress.duration(seconds) == text
+
+
+def test_the_line_shows_the_virtual_time_of_the_running_simulation() -> None:
+    import trio
+
+    from stacklib.sim import Simulation
+
+    clock = FakeClock()
+    shown = _plain(clock)
+    sim = Simulation(seed=1)
+
+    async def main() -> str:
+        await trio.sleep(2.5)
+        return shown.line(clock.now)[0]
+
+    with shown.task("trace record"):
+        line = sim.run(main)
+        after = shown.line(clock.now)[0]
+    assert line == "trace record (t=2.5 s simulated); 0:00 elapsed"
+    assert after == "trace record; 0:00 elapsed"  # no simulation runs any more

@@ -332,12 +332,12 @@ def expected_seconds(cell: Cell) -> float | None:
     return TABLE1[cell.benchmark][cell.network, cell.nodes] if cell.paper_size else None
 
 
-class CellsInterrupted(KeyboardInterrupt):
-    """Ctrl-C during :func:`run_cells`: ``finished`` holds the cells that were done, in the
-    order they were given."""
+class CellsInterrupted(progress_display.Interrupted):
+    """Ctrl-C during :func:`run_cells`: ``finished`` (also ``partial``) holds the cells that
+    were done, in the order they were given."""
 
     def __init__(self, finished: list[CellResult]) -> None:
-        super().__init__(f"{len(finished)} runs finished")
+        super().__init__(finished, f"{len(finished)} runs finished")
         self.finished = finished
 
 

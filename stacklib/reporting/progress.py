@@ -37,6 +37,7 @@ from typing import Any, TextIO
 
 __all__ = [
     "NULL_TASK",
+    "Interrupted",
     "Progress",
     "Task",
     "clear",
@@ -422,6 +423,17 @@ def clear() -> None:
     active = _ACTIVE
     if active is not None:
         active.clear()
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C in a job whose results accumulate: ``partial`` is what finished (a result of
+    the job's own kind), ``detail`` says what did not.  A KeyboardInterrupt, so that code
+    that knows nothing of partial results stops as it would for Ctrl-C."""
+
+    def __init__(self, partial: Any, detail: str) -> None:
+        super().__init__(detail)
+        self.partial = partial
+        self.detail = detail
 
 
 def is_interrupt(error: BaseException) -> bool:
