@@ -193,3 +193,17 @@ def test_the_line_shows_the_virtual_time_of_the_running_simulation() -> None:
         after = shown.line(clock.now)[0]
     assert line == "trace record (t=2.5 s simulated); 0:00 elapsed"
     assert after == "trace record; 0:00 elapsed"  # no simulation runs any more
+
+
+def test_a_rich_bar_leaves_stdout_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("rich", reason="rich is the optional extra stacklib[rich]")
+    stream = Tty()
+    shown = Progress(stream, clock=FakeClock(), ticker=False)
+    with shown.task("runs", total=2) as task:
+        task.advance()
+        shown.report()
+        progress.clear()
+        print("the table")
+        shown.report()
+    assert capsys.readouterr().out == "the table\n"
+    assert "runs 1/2" in stream.getvalue() and "the table" not in stream.getvalue()

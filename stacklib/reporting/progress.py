@@ -175,21 +175,32 @@ class _Renderer:
 
 
 class _RichRenderer(_Renderer):
-    """The line under a ``rich`` live bar (optional extra ``stacklib[rich]``)."""
+    """The line under a ``rich`` live bar (optional extra ``stacklib[rich]``).  stdout is
+    left alone (rich would send it to the bar's console, stderr): :meth:`clear` takes the
+    bar away before the command writes on stdout, and the next report brings it back."""
 
     def __init__(self, stream: TextIO, bar: Any, task: Any) -> None:
         super().__init__(stream, live=True)
         self.bar = bar
         self.task = task
+        self.started = False
 
     def show(self, line: str, fraction: float | None) -> None:
         self.bar.update(self.task, completed=1000 * (fraction or 0.0), description=line)
+        if not self.started:
+            self.bar.start()
+            self.started = True
+
+    def clear(self) -> None:
+        if self.started:
+            self.bar.stop()
+            self.started = False
 
     def message(self, line: str) -> None:
         self.bar.console.print(line, markup=False, highlight=False)
 
     def close(self) -> None:
-        self.bar.stop()
+        self.clear()
 
 
 def _simulated() -> float | None:
@@ -220,10 +231,9 @@ def _rich_renderer(stream: TextIO) -> _Renderer | None:
         TextColumn("{task.description}"),
         console=Console(file=stream),
         transient=True,
+        redirect_stdout=False,
     )
-    task = bar.add_task("", total=1000)
-    bar.start()
-    return _RichRenderer(stream, bar, task)
+    return _RichRenderer(stream, bar, bar.add_task("", total=1000))
 
 
 class Progress:
