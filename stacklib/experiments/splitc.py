@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing.context import BaseContext
+from typing import Any
 
 import attrs
 import numpy as np
@@ -411,6 +412,14 @@ def _environment(extra: Mapping[str, str] | None) -> Iterator[None]:
                 os.environ[name] = value
 
 
+def _workers(pool: ProcessPoolExecutor) -> list[Any]:
+    """The pool's worker processes, to end them on Ctrl-C: a worker takes Ctrl-C in its cell
+    as that cell's result and goes on to the cells already handed to it (the pool queues one
+    more than it has workers), which ``cancel_futures`` cannot take back; each may take
+    minutes.  There is no public way before Python 3.14's ``terminate_workers``."""
+    return list((getattr(pool, "_processes", None) or {}).values())
+
+
 def run_cells(
     cells: Sequence[Cell],
     jobs: int | None = None,
@@ -475,9 +484,13 @@ def run_cells(
                         for future in as_completed(futures):
                             results[futures[future]] = future.result()
                             finished(futures[future])
-                    except BaseException:
+                    except BaseException as error:
                         # A failed cell or an interrupt: do not start the cells still queued.
+                        workers_now = _workers(pool)  # before shutdown forgets them
                         pool.shutdown(wait=False, cancel_futures=True)
+                        if is_interrupt(error):
+                            for worker in workers_now:
+                                worker.terminate()
                         raise
     except BaseException as error:
         if is_interrupt(error):
