@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -44,6 +45,26 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from stacklib.reporting import progress
+
+    # A rank of a one-node-per-process recipe, started by stacklib spawn, shows nothing: its
+    # siblings share the terminal.
+    with progress.shown("run", quiet="STACKLIB_RANK" in os.environ):
+        outcome = _run(args)
+    # Printed once the live line is gone: stdout may be the same terminal.
+    if outcome is not None:
+        recipe, result = outcome
+        if args.json:
+            print(result.to_json())
+        else:
+            print(f"{recipe.name}: {recipe.description}")
+            print(result.format_table())
+    return 0
+
+
+def _run(args: argparse.Namespace) -> tuple[Any, Any] | None:
+    """Run the recipe ``args`` name: the recipe and its result (None: a rank that does not
+    print)."""
     from stacklib.recipes import run_recipe
 
     recipe = load_recipe(args.recipe, args.set)
@@ -56,16 +77,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ConfigError(str(recipe.path), "transport.kind", "has no link to capture")
         rank_result = run_rank(recipe, seed=args.seed)
         if rank_result is None:
-            return 0
+            return None
         result = rank_result
     else:
         result = run_recipe(recipe, seed=args.seed, pcap=args.pcap)
-    if args.json:
-        print(result.to_json())
-    else:
-        print(f"{recipe.name}: {recipe.description}")
-        print(result.format_table())
-    return 0
+    return recipe, result
 
 
 def cmd_decode(args: argparse.Namespace) -> int:

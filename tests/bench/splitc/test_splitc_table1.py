@@ -270,3 +270,16 @@ def test_the_runs_under_way_count_by_their_virtual_time() -> None:
         line, fraction = shown.line(20.0)
     assert "runs 1/3 done; simulating a t=5/10 s, b t=3 s" in line
     assert fraction == pytest.approx((1.0 + 0.5) / 4.0)
+
+
+def test_a_worker_publishes_only_while_progress_is_shown() -> None:
+    import threading
+
+    from stacklib.experiments import pool
+
+    before = threading.active_count()
+    pool.init_worker(None)  # no display: no thread
+    assert threading.active_count() == before
+    seen: list[int] = []
+    assert pool.run_indexed(5, lambda x: seen.append(pool._INDEX) or x * 2, 21) == 42
+    assert seen == [5] and pool._INDEX == -1
