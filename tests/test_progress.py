@@ -207,3 +207,14 @@ def test_a_rich_bar_leaves_stdout_alone(capsys: pytest.CaptureFixture[str]) -> N
         shown.report()
     assert capsys.readouterr().out == "the table\n"
     assert "runs 1/2" in stream.getvalue() and "the table" not in stream.getvalue()
+
+
+def test_a_command_under_a_shown_display_becomes_a_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("STACKLIB_PROGRESS", raising=False)
+    stream = io.StringIO()
+    with progress.shown("outer", stream=stream, ticker=False) as outer:
+        with progress.shown("inner", 3) as inner:
+            assert inner.parent is outer
+            assert progress.current() is inner
+        assert progress.current() is outer
+    assert progress.current() is NULL_TASK

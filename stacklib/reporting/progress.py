@@ -292,8 +292,9 @@ class Progress:
             with self._lock:
                 if task in self.tasks:
                     del self.tasks[self.tasks.index(task) :]
-                if not self.tasks:
-                    self._finish()
+                last = not self.tasks
+            if last:
+                self._finish()  # outside the lock: it waits for the ticker, which takes it
 
     def _start(self, now: float) -> None:
         global _ACTIVE
@@ -312,13 +313,14 @@ class Progress:
         global _ACTIVE
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=2)
+            self._thread.join()
         self._thread = None
-        if self._renderer is not None:
-            self._renderer.close()
-            self._renderer = None
-        if _ACTIVE is self:
-            _ACTIVE = None
+        with self._lock:
+            if self._renderer is not None:
+                self._renderer.close()
+                self._renderer = None
+            if _ACTIVE is self:
+                _ACTIVE = None
 
     def _tick(self) -> None:
         while not self._stop.wait(min(self.period, 0.5)):
@@ -399,9 +401,14 @@ def shown(
     **options: Any,
 ) -> Iterator[Task]:
     """A command's top-level task on a new :class:`Progress` (``options``), or
-    :data:`NULL_TASK` with ``quiet`` or ``$STACKLIB_PROGRESS`` set to ``0`` or ``off``."""
+    :data:`NULL_TASK` with ``quiet`` or ``$STACKLIB_PROGRESS`` set to ``0`` or ``off``.
+    Under a display already shown (a command run by another), a step of it instead."""
     if quiet or os.environ.get("STACKLIB_PROGRESS", "").lower() in ("0", "off", "no"):
         yield NULL_TASK
+        return
+    if current() is not NULL_TASK:
+        with step(name, total, unit) as task:
+            yield task
         return
     with Progress(**options).task(name, total, unit) as task:
         yield task
