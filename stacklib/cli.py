@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -44,6 +45,26 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from stacklib.reporting import progress
+
+    # A rank of a one-node-per-process recipe, started by stacklib spawn, shows nothing: its
+    # siblings share the terminal.
+    with progress.shown("run", quiet="STACKLIB_RANK" in os.environ):
+        outcome = _run(args)
+    # Printed once the live line is gone: stdout may be the same terminal.
+    if outcome is not None:
+        recipe, result = outcome
+        if args.json:
+            print(result.to_json())
+        else:
+            print(f"{recipe.name}: {recipe.description}")
+            print(result.format_table())
+    return 0
+
+
+def _run(args: argparse.Namespace) -> tuple[Any, Any] | None:
+    """Run the recipe ``args`` name: the recipe and its result (None: a rank that does not
+    print)."""
     from stacklib.recipes import run_recipe
 
     recipe = load_recipe(args.recipe, args.set)
@@ -56,16 +77,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ConfigError(str(recipe.path), "transport.kind", "has no link to capture")
         rank_result = run_rank(recipe, seed=args.seed)
         if rank_result is None:
-            return 0
+            return None
         result = rank_result
     else:
         result = run_recipe(recipe, seed=args.seed, pcap=args.pcap)
-    if args.json:
-        print(result.to_json())
-    else:
-        print(f"{recipe.name}: {recipe.description}")
-        print(result.format_table())
-    return 0
+    return recipe, result
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
@@ -94,6 +110,27 @@ def cmd_decode(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from stacklib.reporting import progress
+
+    with progress.shown(f"bench {args.bench}"):
+        try:
+            result = _bench(args)
+        except progress.Interrupted as stop:
+            return _interrupted(f"bench {args.bench}", stop, args.json)
+    print(result.to_json() if args.json else result.format_table())
+    return 0
+
+
+def _interrupted(command: str, stop: Any, as_json: bool) -> int:
+    """Ctrl-C in a job whose results accumulate: print what finished, say what did not;
+    the shell's status for SIGINT."""
+    print(stop.partial.to_json() if as_json else stop.partial.format_table())
+    print(f"stacklib {command}: {stop.detail}", file=sys.stderr)
+    return 130
+
+
+def _bench(args: argparse.Namespace) -> Any:
+    """The result of the bench ``args`` name."""
     if args.bench == "core":
         from stacklib.bench import core
 
@@ -138,8 +175,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         result = _bench_transport(args)
     else:
         result = _bench_workload(args)
-    print(result.to_json() if args.json else result.format_table())
-    return 0
+    return result
 
 
 def _bench_transport(args: argparse.Namespace) -> Any:
@@ -211,6 +247,7 @@ def _bench_workload(args: argparse.Namespace) -> Any:
 
 def cmd_faults(args: argparse.Namespace) -> int:
     from stacklib.bench.faults import CAMPAIGNS, FaultsParams, ReliabilityError, bench_faults
+    from stacklib.reporting import progress
 
     params = FaultsParams(
         messages=args.messages,
@@ -222,7 +259,10 @@ def cmd_faults(args: argparse.Namespace) -> int:
         campaigns=tuple(args.only or CAMPAIGNS),
     )
     try:
-        result = bench_faults(params)
+        with progress.shown("bench faults", len(params.campaigns)):
+            result = bench_faults(params)
+    except progress.Interrupted as stop:
+        return _interrupted("bench faults", stop, args.json)
     except ReliabilityError as error:
         failed = error.result  # type: ignore[attr-defined]
         print(failed.to_json() if args.json else failed.format_table())
@@ -245,7 +285,12 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         print(describe_experiments(args.only))
         return 0
     return run_experiments(
-        only=args.only, as_json=args.json, plots=args.plots, everything=args.all, full=args.full
+        only=args.only,
+        as_json=args.json,
+        plots=args.plots,
+        everything=args.all,
+        full=args.full,
+        quiet=args.quiet,
     )
 
 
@@ -552,6 +597,12 @@ def _add_reproduce(commands: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--plots", metavar="DIR", help="also draw plots into DIR (needs matplotlib)")
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress on stderr (otherwise a live bar on a terminal, a line every 5 s "
+        "elsewhere)",
+    )
     p.set_defaults(func=cmd_reproduce)
 
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from stacklib.reporting import figures as registry
+from stacklib.reporting import progress
 from stacklib.reporting.figures import (
     EXPERIMENTS,
     Experiment,
@@ -55,6 +56,7 @@ def run_experiments(
     plots: str | None = None,
     everything: bool = False,
     full: bool = False,
+    quiet: bool = False,
 ) -> int:
     """Run the selected experiments, print the results; 1 if a figure is out of tolerance.
 
@@ -62,6 +64,9 @@ def run_experiments(
     ``everything``).  ``full`` runs scaled experiments at the papers' sizes instead.  ``plots``
     is a directory to draw the plots of the experiments that ran into, from their results.
     The text ends with "N of M figures within tolerance", after the names of those outside.
+    Progress goes to stderr (stacklib.reporting.progress) unless ``quiet``.  Interrupted
+    (Ctrl-C), it keeps the results of the experiments that finished, names the one
+    interrupted and the ones not run, and returns 130.
     """
     # Fail before the runs, not after them.
     if plots is not None and matplotlib_missing("reproduce", "--plots"):
@@ -76,19 +81,39 @@ def run_experiments(
         return 0
     report: list[dict[str, Any]] = []
     results: dict[str, ExperimentResult] = {}
-    progress = sys.stderr.isatty() and not as_json
-    for index, experiment in enumerate(selected, 1):
-        if progress:
-            print(f"[{index}/{len(selected)}] {experiment.name} ...", end="\r", file=sys.stderr)
-        start = time.perf_counter()
-        result = experiment.result(full=full, curves=plots is not None)
-        wall = time.perf_counter() - start
-        results[experiment.name] = result
+    interrupted: str | None = None
+    with progress.shown("reproduce", len(selected), quiet=quiet) as shown:
+        for experiment in selected:
+            start = time.perf_counter()
+            try:
+                with shown.step(experiment.name):
+                    result = experiment.result(full=full, curves=plots is not None)
+            except BaseException as error:
+                if not progress.is_interrupt(error):
+                    raise
+                # Ctrl-C: what finished is printed already (or below, as JSON); say the rest.
+                interrupted = experiment.name
+                break
+            wall = time.perf_counter() - start
+            shown.advance()
+            results[experiment.name] = result
+            if as_json:
+                report.append(json_entry(experiment.name, experiment.title, wall, result))
+            else:
+                progress.clear()  # the tables go to stdout, which may share the terminal
+                print(format_figures(f"{experiment.title}  [{wall:.1f} s]", result.figures))
+                print()
+    if interrupted is not None:
         if as_json:
-            report.append(json_entry(experiment.name, experiment.title, wall, result))
-        else:
-            print(format_figures(f"{experiment.title}  [{wall:.1f} s]", result.figures))
-            print()
+            print(json_report(report))
+        not_run = [e.name for e in selected[len(results) + 1 :]]
+        print(
+            f"stacklib reproduce: interrupted in {interrupted}"
+            + (f"; not run: {', '.join(not_run)}" if not_run else "")
+            + f"; {len(results)} finished",
+            file=sys.stderr,
+        )
+        return 130
     if as_json:
         print(json_report(report))
     else:

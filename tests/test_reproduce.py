@@ -315,3 +315,71 @@ def test_the_command_prints_the_tables_within_the_width_and_exits_0() -> None:
     lines = done.stdout.splitlines()
     assert max(map(len, lines)) <= WIDTH
     assert lines[-1] == "4 of 4 figures within tolerance"
+
+
+# ------------------------------------------------------------------------ interrupted
+
+
+def test_ctrl_c_keeps_what_finished_and_names_what_did_not(
+    registered: Callable[..., list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    registered("first")
+
+    def interrupted() -> list[Figure]:
+        raise KeyboardInterrupt
+
+    register_experiment(Experiment("second", "second title", interrupted))
+    registered("third")
+    assert run_experiments(quiet=True) == 130
+    out, err = capsys.readouterr()
+    assert "first title" in out and "second title" not in out and "third" not in out
+    assert "interrupted in second; not run: third; 1 finished" in err
+
+
+def test_ctrl_c_inside_a_nursery_with_json_keeps_valid_json(
+    registered: Callable[..., list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    registered("first")
+
+    def interrupted() -> list[Figure]:
+        raise BaseExceptionGroup("nursery", [KeyboardInterrupt()])
+
+    register_experiment(Experiment("second", "second title", interrupted))
+    assert run_experiments(as_json=True) == 130
+    out, err = capsys.readouterr()
+    assert [entry["name"] for entry in json.loads(out)] == ["first"]
+    assert "interrupted in second; 1 finished" in err
+
+
+def test_other_errors_are_not_taken_for_ctrl_c(registered: Callable[..., list[str]]) -> None:
+    def broken() -> list[Figure]:
+        raise BaseExceptionGroup("nursery", [RuntimeError("broken")])
+
+    register_experiment(Experiment("broken", "broken title", broken))
+    with pytest.raises(BaseExceptionGroup):
+        run_experiments(quiet=True)
+
+
+def test_the_progress_reports_from_inside_an_experiment(
+    registered: Callable[..., list[str]],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A line names the experiment and its own step while it runs, on stderr only."""
+    from stacklib.reporting import progress
+
+    seen: list[str] = []
+
+    def stepping() -> list[Figure]:
+        with progress.step("points", total=4) as points:
+            points.advance()
+            active = progress._ACTIVE
+            assert active is not None
+            seen.append(active.line(active.clock())[0])
+        return [Figure("x", 1.0, 1.0, "s", "test")]
+
+    register_experiment(Experiment("stepping", "stepping title", stepping))
+    monkeypatch.delenv("STACKLIB_PROGRESS", raising=False)
+    assert run_experiments(as_json=True) == 0
+    assert seen[0].startswith("reproduce 0/1 > stepping > points 1/4; 0:00 elapsed")
+    json.loads(capsys.readouterr().out)

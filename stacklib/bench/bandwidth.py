@@ -60,6 +60,7 @@ from stacklib.bench.params import count_valid, sizes_valid
 from stacklib.bench.result import Cell, Column, Result
 from stacklib.bench.workload import WorkloadKind, register_workload
 from stacklib.errors import PeerUnreachable
+from stacklib.reporting import progress
 from stacklib.services import DatagramService
 
 if TYPE_CHECKING:
@@ -660,11 +661,13 @@ async def bandwidth(
     check_sizes(client, params.sizes)
     async with open_harness(client, server, peer, params.timeout, params.retries) as leader:
         one_way = await leader.one_way(params.probes)
-        for mode in params.modes:
-            for size in params.sizes:
-                if params.warmup:
-                    await _warm(leader, mode, size, params)
-                rows.append(await _measure(leader, mode, size, params, one_way))
+        with progress.step("sizes", len(params.modes) * len(params.sizes)) as sweep:
+            for mode in params.modes:
+                for size in params.sizes:
+                    if params.warmup:
+                        await _warm(leader, mode, size, params)
+                    rows.append(await _measure(leader, mode, size, params, one_way))
+                    sweep.advance()
     wall = time.perf_counter() - wall_start
     lost = sum(typing.cast(int, row["lost"]) for row in rows)
     return Result(

@@ -12,6 +12,7 @@ import time
 import trio
 
 from stacklib.bench.result import Cell, Column, Result
+from stacklib.reporting import progress
 from stacklib.transports.memory import MemoryNetwork
 from stacklib.unet import Endpoint, connect
 
@@ -64,9 +65,12 @@ def bench_core(iterations: int = 20000, size: int = 40, repeat: int = 3) -> Resu
     """Best-of-``repeat`` round-trip cost of both, interleaved so drift hits both alike."""
     unet: list[float] = []
     bare: list[float] = []
-    for _ in range(repeat):
-        unet.append(trio.run(_unet_pingpong, iterations, size))
-        bare.append(trio.run(_trio_pingpong, iterations, size))
+    with progress.step("runs", 2 * repeat) as runs:
+        for _ in range(repeat):
+            unet.append(trio.run(_unet_pingpong, iterations, size))
+            runs.advance()
+            bare.append(trio.run(_trio_pingpong, iterations, size))
+            runs.advance()
     best_unet, best_bare = min(unet), min(bare)
     rows: list[dict[str, Cell]] = [
         {"path": path, "rtt_us": rtt * 1e6, "round_trips_per_s": 1.0 / rtt}

@@ -32,6 +32,7 @@ import trio
 
 from stacklib.bench.result import Column, Result
 from stacklib.errors import StacklibError
+from stacklib.reporting import progress
 from stacklib.services import ActiveMessageService
 
 __all__ = ["FaultsParams", "ReliabilityError", "bench_faults", "fuzz_formats", "uam_campaign"]
@@ -348,9 +349,17 @@ def bench_faults(params: FaultsParams | None = None) -> Result:
         raise ValueError(f"no campaign {unknown[0]!r} (campaigns: {', '.join(CAMPAIGN_RUNNERS)})")
     rows = []
     failures = []
+    interrupted: str | None = None
     for campaign in params.campaigns:
         start = time.perf_counter()
-        row = CAMPAIGN_RUNNERS[campaign](params)
+        try:
+            with progress.step(campaign):
+                row = CAMPAIGN_RUNNERS[campaign](params)
+        except BaseException as stop:
+            if not progress.is_interrupt(stop):
+                raise
+            interrupted = campaign
+            break
         row["campaign"] = campaign
         row["wall_s"] = time.perf_counter() - start
         rows.append(row)
@@ -369,6 +378,13 @@ def bench_faults(params: FaultsParams | None = None) -> Result:
         ],
         rows=rows,
     )
+    if interrupted is not None:
+        # Ctrl-C: the campaigns that finished, and which did not.
+        not_run = params.campaigns[len(rows) + 1 :]
+        detail = f"interrupted in {interrupted}" + (
+            f"; not run: {', '.join(not_run)}" if not_run else ""
+        )
+        raise progress.Interrupted(result, detail)
     if failures:
         error = ReliabilityError("; ".join(failures))
         error.result = result  # type: ignore[attr-defined]

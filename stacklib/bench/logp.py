@@ -43,6 +43,7 @@ from stacklib.bench.bandwidth import CONTROL_SIZE, Leader, check_sizes, open_har
 from stacklib.bench.params import count_valid, sizes_valid
 from stacklib.bench.result import Cell, Column, Result
 from stacklib.bench.workload import WorkloadKind, register_workload
+from stacklib.reporting import progress
 from stacklib.services import DatagramService
 from stacklib.sim import Host, World
 
@@ -297,10 +298,12 @@ async def logp(
     lost = 0
     check_sizes(client, params.sizes)
     async with open_harness(client, server, peer, params.timeout, params.retries) as leader:
-        for size in params.sizes:
-            row, more = await _measure(leader, size, params, spin, notes)
-            rows.append(row)
-            lost += more
+        with progress.step("sizes", len(params.sizes)) as sweep:
+            for size in params.sizes:
+                row, more = await _measure(leader, size, params, spin, notes)
+                rows.append(row)
+                lost += more
+                sweep.advance()
     notes.append(
         "L = RTT/2 - Os - Or (paper 004 §4.1.5); Os, Or by delay injection, g(D) = "
         + ("Os + Or + max(Idle, D)" if params.request_reply else "O + max(Idle, D)")

@@ -20,6 +20,7 @@ import trio.lowlevel
 from stacklib.bench.params import check_sizes, count_valid, sizes_valid
 from stacklib.bench.result import Cell, Column, Result
 from stacklib.bench.workload import Session, WorkloadKind, register_workload
+from stacklib.reporting import progress
 from stacklib.services import DatagramService, UNetService
 
 
@@ -104,34 +105,36 @@ async def pingpong(
     wall_start = time.perf_counter()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(echo, server)
-        for size in params.sizes:
-            message = bytes(i & 0xFF for i in range(size))
-            for _ in range(params.warmup):
-                await client.send(peer, message)
-                await client.recv()
-            samples = []
-            # trio.current_time() is this clock's current_time() behind a look-up of the run.
-            now = trio.lowlevel.current_clock().current_time
-            if type(client) is UNetService:
-                # Raw U-Net: the endpoint's own calls, as in echo().
-                endpoint = client.endpoint
-                send, recv = endpoint.send, endpoint.recv
-                for _ in range(params.iterations):
-                    start = now()
-                    await send(peer, message)
-                    reply = (await recv()).data
-                    samples.append(now() - start)
-                    if reply != message:
-                        raise RuntimeError(f"ping-pong reply of {len(reply)} bytes differs")
-            else:
-                for _ in range(params.iterations):
-                    start = now()
+        with progress.step("sizes", len(params.sizes)) as sweep:
+            for size in params.sizes:
+                message = bytes(i & 0xFF for i in range(size))
+                for _ in range(params.warmup):
                     await client.send(peer, message)
-                    _, reply = await client.recv()
-                    samples.append(now() - start)
-                    if reply != message:
-                        raise RuntimeError(f"ping-pong reply of {len(reply)} bytes differs")
-            rows.append(round_trip_row(size, samples))
+                    await client.recv()
+                samples = []
+                # trio.current_time() is this clock's current_time() behind a look-up of the run.
+                now = trio.lowlevel.current_clock().current_time
+                if type(client) is UNetService:
+                    # Raw U-Net: the endpoint's own calls, as in echo().
+                    endpoint = client.endpoint
+                    send, recv = endpoint.send, endpoint.recv
+                    for _ in range(params.iterations):
+                        start = now()
+                        await send(peer, message)
+                        reply = (await recv()).data
+                        samples.append(now() - start)
+                        if reply != message:
+                            raise RuntimeError(f"ping-pong reply of {len(reply)} bytes differs")
+                else:
+                    for _ in range(params.iterations):
+                        start = now()
+                        await client.send(peer, message)
+                        _, reply = await client.recv()
+                        samples.append(now() - start)
+                        if reply != message:
+                            raise RuntimeError(f"ping-pong reply of {len(reply)} bytes differs")
+                rows.append(round_trip_row(size, samples))
+                sweep.advance()
         nursery.cancel_scope.cancel()
     wall = time.perf_counter() - wall_start
     messages = 2 * (params.iterations + params.warmup) * len(params.sizes)

@@ -32,6 +32,7 @@ import trio
 from stacklib.bench.result import Cell, Column, Result
 from stacklib.layers.ip.driver import IpLayer, IpParams
 from stacklib.layers.tcp.driver import TcpLayer, TcpParams, TcpStack
+from stacklib.reporting import progress
 from stacklib.services import UNetService
 from stacklib.stack import Layer, open_stack
 from stacklib.transports.memory import MemoryNetwork
@@ -170,15 +171,17 @@ def bench_tcp(size: int = 4 << 20, chunk: int = 65536, repeat: int = 3) -> Resul
         ("kernel TCP loopback (trio sockets)", None, 0.0),
     ]
     best: dict[str, tuple[float, int | None]] = {}
-    for _ in range(repeat):
-        for name, mss, delack in paths:
-            if mss is None:
-                elapsed, segments = trio.run(kernel_transfer, size, chunk), None
-            else:
-                elapsed, sent = trio.run(stacklib_transfer, size, chunk, mss, delack)
-                segments = sent
-            if name not in best or elapsed < best[name][0]:
-                best[name] = (elapsed, segments)
+    with progress.step("transfers", repeat * len(paths)) as transfers:
+        for _ in range(repeat):
+            for name, mss, delack in paths:
+                if mss is None:
+                    elapsed, segments = trio.run(kernel_transfer, size, chunk), None
+                else:
+                    elapsed, sent = trio.run(stacklib_transfer, size, chunk, mss, delack)
+                    segments = sent
+                if name not in best or elapsed < best[name][0]:
+                    best[name] = (elapsed, segments)
+                transfers.advance()
     rows: list[dict[str, Cell]] = []
     for name, mss, _ in paths:
         elapsed, segments = best[name]

@@ -21,47 +21,57 @@ from typing import Any
 from stacklib.commands._common import add_set_option, load_recipe, matplotlib_missing, sizes_type
 
 
+def _record(args: argparse.Namespace) -> int:
+    """``stacklib trace record``: run and write the trace, with progress on stderr."""
+    from stacklib.unet.mm.trace import TraceRecorder
+
+    if (args.recipe is None) == (args.splitc is None):
+        print("stacklib trace record: give a RECIPE or --splitc PROGRAM", file=sys.stderr)
+        return 2
+    if args.splitc is not None:
+        from stacklib.bench.splitc.trace import record_splitc
+        from stacklib.unet.mm.trace import build_trace
+
+        try:
+            records = record_splitc(
+                args.splitc,
+                args.n,
+                scale=args.scale,
+                transport=args.transport,
+                seed=1 if args.seed is None else args.seed,
+            )
+        except (KeyError, ValueError) as error:
+            print(f"stacklib trace record: {error}", file=sys.stderr)
+            return 2
+        data = build_trace(records)
+        source = f"Split-C {args.splitc} on {args.n} ranks, scale 1/{args.scale}"
+        if args.scale != 1:
+            source += f" (replay with --page-size {4096 // args.scale} --rx-buffers 0)"
+    else:
+        from stacklib.recipes import run_recipe
+
+        recipe = load_recipe(args.recipe, args.set)
+        recorder = TraceRecorder()
+        with recorder.installed():
+            run_recipe(recipe, seed=args.seed)
+        records, data, source = recorder.records, recorder.to_bytes(), recipe.name
+    Path(args.output).write_bytes(data)
+    tx = sum(1 for r in records if r.direction == 0)
+    print(
+        f"{args.output}: {len(records)} buffers ({tx} transmit, "
+        f"{len(records) - tx} receive) from {source}"
+    )
+    return 0
+
+
 def cmd_trace(args: argparse.Namespace) -> int:
-    from stacklib.unet.mm.trace import TraceRecorder, parse_trace
+    from stacklib.unet.mm.trace import parse_trace
 
     if args.action == "record":
-        if (args.recipe is None) == (args.splitc is None):
-            print("stacklib trace record: give a RECIPE or --splitc PROGRAM", file=sys.stderr)
-            return 2
-        if args.splitc is not None:
-            from stacklib.bench.splitc.trace import record_splitc
-            from stacklib.unet.mm.trace import build_trace
+        from stacklib.reporting import progress
 
-            try:
-                records = record_splitc(
-                    args.splitc,
-                    args.n,
-                    scale=args.scale,
-                    transport=args.transport,
-                    seed=1 if args.seed is None else args.seed,
-                )
-            except (KeyError, ValueError) as error:
-                print(f"stacklib trace record: {error}", file=sys.stderr)
-                return 2
-            data = build_trace(records)
-            source = f"Split-C {args.splitc} on {args.n} ranks, scale 1/{args.scale}"
-            if args.scale != 1:
-                source += f" (replay with --page-size {4096 // args.scale} --rx-buffers 0)"
-        else:
-            from stacklib.recipes import run_recipe
-
-            recipe = load_recipe(args.recipe, args.set)
-            recorder = TraceRecorder()
-            with recorder.installed():
-                run_recipe(recipe, seed=args.seed)
-            records, data, source = recorder.records, recorder.to_bytes(), recipe.name
-        Path(args.output).write_bytes(data)
-        tx = sum(1 for r in records if r.direction == 0)
-        print(
-            f"{args.output}: {len(records)} buffers ({tx} transmit, "
-            f"{len(records) - tx} receive) from {source}"
-        )
-        return 0
+        with progress.shown("trace record", quiet=args.quiet):
+            return _record(args)
     trace = parse_trace(Path(args.file).read_bytes())
     processes = sorted({r.process for r in trace.records})
     tx = sum(1 for r in trace.records if r.direction == 0)
@@ -162,6 +172,11 @@ def add_commands(commands: argparse._SubParsersAction[Any]) -> None:
         help="Split-C cluster transport (sim-memory: virtual time, deterministic)",
     )
     add_set_option(r)
+    r.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress on stderr (otherwise the elapsed and the simulated time)",
+    )
     r.set_defaults(func=cmd_trace)
     s = actions.add_parser("show", help="summarize a trace file")
     s.add_argument("file", metavar="FILE")

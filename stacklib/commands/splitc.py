@@ -269,6 +269,7 @@ def _table(headings: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
 def cmd_table1(args: argparse.Namespace) -> int:
     from stacklib.bench.splitc.programs import SMALL_SIZES
     from stacklib.experiments import splitc as experiment
+    from stacklib.reporting import progress
 
     if args.small:
         sizes = {b: SMALL_SIZES[b][1] for b in experiment.TABLE1}
@@ -291,32 +292,38 @@ def cmd_table1(args: argparse.Namespace) -> int:
         print(f"stacklib splitc: --jobs must be at least 1, not {args.jobs}", file=sys.stderr)
         return 2
     processes = min(jobs, len(cells))
-    print(
+    say = progress.message
+    say(
         f"stacklib splitc table1: {len(cells)} runs of paper 003 Table 1 at {scale} on "
-        f"{processes} process{'es' if processes > 1 else ''}, longest expected first",
-        file=sys.stderr,
-        flush=True,
+        f"{processes} process{'es' if processes > 1 else ''}, longest expected first"
     )
-    if args.full:
-        experiment.prepare_engine(args.pure, lambda line: print(line, file=sys.stderr, flush=True))
-    print(experiment.engine_line(args.pure), file=sys.stderr, flush=True)
-    started = time.perf_counter()
-    try:
-        results = experiment.run_cells(
-            cells,
-            jobs,
-            lambda line: print(line, file=sys.stderr, flush=True),
-            live=True,
-            pure=args.pure,
-        )
-    except RuntimeError as error:
-        print(f"stacklib splitc: {error}", file=sys.stderr)
-        return 1
+    interrupted = False
+    with progress.shown("splitc table1", quiet=args.quiet):
+        if args.full:
+            experiment.prepare_engine(args.pure, say)
+        say(experiment.engine_line(args.pure))
+        started = time.perf_counter()
+        try:
+            results = experiment.run_cells(cells, jobs, say, pure=args.pure)
+        except experiment.CellsInterrupted as stop:
+            # Ctrl-C: the tables of the runs that finished, then the shell's status for it.
+            results, interrupted = stop.finished, True
+        except RuntimeError as error:
+            print(f"stacklib splitc: {error}", file=sys.stderr)
+            return 1
     wall = time.perf_counter() - started
     paper_total = sum(r.paper for r in results)
+    if interrupted:
+        print(
+            f"stacklib splitc table1: interrupted; {len(results)} of {len(cells)} runs finished"
+            + (" (their tables follow)" if results and not args.json else ""),
+            file=sys.stderr,
+        )
     if args.json:
         print(json.dumps(_table1_json(results, wall, processes, paper_total), indent=2))
-        return 0
+        return 130 if interrupted else 0
+    if not results:
+        return 130
     rows: list[tuple[str, ...]] = []
     for r in results:
         cell = r.cell
@@ -359,7 +366,7 @@ def cmd_table1(args: argparse.Namespace) -> int:
         f"{sum(r.wall for r in results):.1f} s); the 1996 clusters took {whole:.1f} s for the "
         f"36 runs of Table 1{these}"
     )
-    return 0
+    return 130 if interrupted else 0
 
 
 def _speedups(results: list[CellResult]) -> list[tuple[str, str, float, float]]:
@@ -504,6 +511,11 @@ def add_commands(commands: argparse._SubParsersAction[Any]) -> None:
         help="never the compiled hot path of `stacklib compile`, even where there is one",
     )
     table.add_argument("--json", action="store_true", help="the results as JSON on stdout")
+    table.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress display on stderr (the line per finished run stays)",
+    )
     table.set_defaults(func=cmd_table1)
     listing = sub.add_parser("list", help="the benchmarks, machines and transports")
     listing.set_defaults(func=cmd_list)

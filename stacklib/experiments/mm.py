@@ -43,6 +43,7 @@ from stacklib.bench.splitc.trace import (
     record_splitc,
     scaled_sizes,
 )
+from stacklib.reporting import progress
 from stacklib.reporting.figures import Experiment, Figure, register_experiment
 from stacklib.sim import CostProfile, Host, Simulation
 from stacklib.transports.sim.mm import (
@@ -470,19 +471,21 @@ def fig3_results(
     """Each benchmark's trace replayed through TLBs of ``entries`` (+16 victim) entries,
     with the receive ring the trace carries (paper 002 §6.2: 64 buffers of one page)."""
     results = []
-    for benchmark in benchmarks:
-        records = record_splitc(benchmark, n, scale=scale)
-        for size in entries:
-            results.append(
-                simulate(
-                    records,
-                    entries=size,
-                    victim=16,
-                    page_size=4096 // scale,
-                    rx_buffers=0,
-                    label=benchmark,
+    with progress.step("traces", len(benchmarks)) as traces:
+        for benchmark in benchmarks:
+            records = record_splitc(benchmark, n, scale=scale)
+            for size in entries:
+                results.append(
+                    simulate(
+                        records,
+                        entries=size,
+                        victim=16,
+                        page_size=4096 // scale,
+                        rx_buffers=0,
+                        label=benchmark,
+                    )
                 )
-            )
+            traces.advance()
     return results
 
 

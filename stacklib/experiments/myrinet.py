@@ -18,6 +18,7 @@ from stacklib.bench import Session
 from stacklib.bench.bandwidth import BandwidthParams, run_bandwidth
 from stacklib.bench.logp import LogPParams, run_logp
 from stacklib.bench.result import Cell, Result
+from stacklib.reporting import progress
 from stacklib.reporting.figures import Experiment, ExperimentResult, Figure, register_experiment
 from stacklib.sim import Simulation
 from stacklib.transports.sim.lanai4 import FIG2_CURVES, Lanai4Cluster, fig2, host_ni_bandwidth
@@ -125,6 +126,12 @@ def _flat(values: Mapping[int, float], ratio: float = 1.3) -> bool:
 def myrinet_figures() -> list[Figure]:
     """The numbers and shapes paper 004 states, measured on the simulated platform."""
     names = list(LIBRARIES)
+    with progress.step("LogP and bandwidth runs", 2 * len(names)) as runs:
+        for n in names:  # the runs are cached: the lines below read them again at no cost
+            logp_of(n)
+            runs.advance()
+            bandwidths(n)
+            runs.advance()
     logp = {n: logp_of(n) for n in names}
     rtt = {n: _column(logp[n], "rtt_half_us") for n in names}
     g = {n: _column(logp[n], "g_us") for n in names}

@@ -37,7 +37,6 @@ import contextlib
 import functools
 import multiprocessing
 import os
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -52,8 +51,11 @@ import stacklib
 from stacklib import compiled
 from stacklib.bench.splitc.cluster import run_spmd
 from stacklib.bench.splitc.programs import PAPER_SIZES, make_program
+from stacklib.experiments.pool import RunsProgress, init_worker, run_indexed
 from stacklib.layers.splitc import SplitC
+from stacklib.reporting import progress as progress_display
 from stacklib.reporting.figures import Experiment, Figure, register_experiment
+from stacklib.reporting.progress import is_interrupt
 from stacklib.reporting.tables import wrap
 from stacklib.transports.sim.machines import MACHINES
 
@@ -190,7 +192,7 @@ def split_c_store(round_trips: int = 20, blocks: int = 100) -> tuple[float, floa
 
 def _progress(line: str) -> None:
     # Wrapped like stacklib reproduce's tables, to be read in a terminal.
-    print("\n".join(wrap(f"splitc: {line}", indent="    ")), file=sys.stderr, flush=True)
+    progress_display.message("\n".join(wrap(f"splitc: {line}", indent="    ")))
 
 
 #: The sum of paper 003 Table 1: the wall time the two 1996 clusters took to run the suite.
@@ -327,68 +329,19 @@ def cell_line(
     return line
 
 
-class _Display:
-    """Progress of a set of cells on stderr: a line per finished cell with the elapsed wall
-    time and an estimate of what is left (from :func:`expected_cost` and the rate so far);
-    with ``live``, on a terminal and with the optional ``rich`` installed, a live bar too."""
+def expected_seconds(cell: Cell) -> float | None:
+    """The virtual time a cell is expected to simulate: the paper's, for a Table 1 cell at
+    the paper's sizes (the progress display counts a run under way done in proportion)."""
+    return TABLE1[cell.benchmark][cell.network, cell.nodes] if cell.paper_size else None
 
-    def __init__(
-        self,
-        cells: Sequence[Cell],
-        write: Callable[[str], None] | None,
-        live: bool,
-        clock: Callable[[], float],
-    ) -> None:
-        self.count = len(cells)
-        self.total_cost = sum(map(expected_cost, cells)) or 1.0
-        self.done_cost = 0.0
-        self.done = 0
-        self.write = write
-        self.clock = clock
-        self.started = clock()
-        self.bar: Any = None
-        if live and write is not None and sys.stderr.isatty():
-            try:
-                from rich.console import Console
-                from rich.progress import (
-                    BarColumn,
-                    MofNCompleteColumn,
-                    Progress,
-                    TextColumn,
-                    TimeElapsedColumn,
-                )
-            except ImportError:
-                pass  # rich is optional: plain lines
-            else:
-                self.bar = Progress(
-                    BarColumn(),
-                    MofNCompleteColumn(),
-                    TimeElapsedColumn(),
-                    TextColumn("{task.description}"),
-                    console=Console(stderr=True),
-                    transient=True,
-                )
-                self.task = self.bar.add_task("", total=self.count)
-                self.bar.start()
 
-    def finished(self, result: CellResult) -> None:
-        self.done += 1
-        self.done_cost += expected_cost(result.cell)
-        elapsed = self.clock() - self.started
-        left = None
-        if self.done < self.count and elapsed > 0:
-            left = elapsed * (self.total_cost - self.done_cost) / self.done_cost
-        line = cell_line(self.done, self.count, result, elapsed, left)
-        if self.bar is not None:
-            self.bar.console.print(line, markup=False, highlight=False)
-            remaining = "" if left is None else f"about {_minutes(left)} left"
-            self.bar.update(self.task, advance=1, description=remaining)
-        elif self.write is not None:
-            self.write(line)
+class CellsInterrupted(progress_display.Interrupted):
+    """Ctrl-C during :func:`run_cells`: ``finished`` (also ``partial``) holds the cells that
+    were done, in the order they were given."""
 
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
+    def __init__(self, finished: list[CellResult]) -> None:
+        super().__init__(finished, f"{len(finished)} runs finished")
+        self.finished = finished
 
 
 def _context(compiled_copy: bool = False) -> BaseContext:
@@ -461,6 +414,14 @@ def _environment(extra: Mapping[str, str] | None) -> Iterator[None]:
                 os.environ[name] = value
 
 
+def _workers(pool: ProcessPoolExecutor) -> list[Any]:
+    """The pool's worker processes, to end them on Ctrl-C: a worker takes Ctrl-C in its cell
+    as that cell's result and goes on to the cells already handed to it (the pool queues one
+    more than it has workers), which ``cancel_futures`` cannot take back; each may take
+    minutes.  There is no public way before Python 3.14's ``terminate_workers``."""
+    return list((getattr(pool, "_processes", None) or {}).values())
+
+
 def run_cells(
     cells: Sequence[Cell],
     jobs: int | None = None,
@@ -472,9 +433,11 @@ def run_cells(
 ) -> list[CellResult]:
     """Simulate ``cells`` (in the order given back) on ``jobs`` processes (None: one per
     CPU; 1: in this process), the longest expected first so that every process stays busy
-    to the end.  ``progress`` gets a line per finished cell (:func:`cell_line`); with
-    ``live``, on a terminal and with ``rich`` installed, the lines go to stderr above a live
-    progress bar instead.  ``clock`` times the progress lines only.
+    to the end.  ``progress`` gets a line per finished cell (:func:`cell_line`); the
+    progress display of the command, if one is shown (stacklib.reporting.progress), also
+    gets the runs under way and their virtual time (stacklib.experiments.pool).  ``live``
+    is kept for callers of old and does nothing: the display decides.  ``clock`` times the
+    progress lines only.  Ctrl-C raises :class:`CellsInterrupted` with the cells done.
 
     When ``stacklib compile`` has built a compiled copy of these sources
     (stacklib/compiled.py) and ``pure`` is False, every cell runs in a worker process that
@@ -484,31 +447,57 @@ def run_cells(
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     environment = _worker_environment(pure)
-    display = _Display(cells, progress, live, clock)
+    display = RunsProgress(
+        "runs",
+        [cell.label for cell in cells],
+        [expected_cost(cell) for cell in cells],
+        [expected_seconds(cell) for cell in cells],
+        progress,
+        clock,
+    )
     results: dict[int, CellResult] = {}
     order = sorted(range(len(cells)), key=lambda i: -expected_cost(cells[i]))
+
+    def finished(i: int) -> None:
+        display.finished(i, lambda *args: cell_line(args[0], args[1], results[i], *args[2:]))
+
     try:
-        if environment is None and (jobs == 1 or len(cells) <= 1):
-            for i in order:
-                results[i] = run_cell(cells[i])
-                display.finished(results[i])
-        else:
-            workers = min(jobs, len(cells))
-            with (
-                _environment(environment),
-                ProcessPoolExecutor(workers, mp_context=_context(environment is not None)) as pool,
-            ):
-                futures = {pool.submit(run_cell, cells[i]): i for i in order}
-                try:
-                    for future in as_completed(futures):
-                        results[futures[future]] = future.result()
-                        display.finished(results[futures[future]])
-                except BaseException:
-                    # A failed cell or an interrupt: do not start the cells still queued.
-                    pool.shutdown(wait=False, cancel_futures=True)
-                    raise
-    finally:
-        display.close()
+        with display:
+            if environment is None and (jobs == 1 or len(cells) <= 1):
+                for i in order:
+                    display.running(i)
+                    results[i] = run_cell(cells[i])
+                    display.running(None)
+                    finished(i)
+            else:
+                workers = min(jobs, len(cells))
+                context = _context(environment is not None)
+                with (
+                    _environment(environment),
+                    ProcessPoolExecutor(
+                        workers,
+                        mp_context=context,
+                        initializer=init_worker,
+                        initargs=(display.shared(context),),
+                    ) as pool,
+                ):
+                    futures = {pool.submit(run_indexed, i, run_cell, cells[i]): i for i in order}
+                    try:
+                        for future in as_completed(futures):
+                            results[futures[future]] = future.result()
+                            finished(futures[future])
+                    except BaseException as error:
+                        # A failed cell or an interrupt: do not start the cells still queued.
+                        workers_now = _workers(pool)  # before shutdown forgets them
+                        pool.shutdown(wait=False, cancel_futures=True)
+                        if is_interrupt(error):
+                            for worker in workers_now:
+                                worker.terminate()
+                        raise
+    except BaseException as error:
+        if is_interrupt(error):
+            raise CellsInterrupted([results[i] for i in sorted(results)]) from None
+        raise
     return [results[i] for i in range(len(cells))]
 
 

@@ -330,6 +330,8 @@ class Simulation(World):
     # Hooks called by the clock (see clock._ClockOwner)
 
     def _on_run_start(self) -> None:
+        global RUNNING
+        RUNNING = self
         self._in_run = True
         self._solo = -1
         self._counter = self.clock._guard
@@ -339,6 +341,9 @@ class Simulation(World):
         self._failure = None
 
     def _on_run_end(self) -> None:
+        global RUNNING
+        if RUNNING is self:
+            RUNNING = None
         self._in_run = False
         self._solo = -1
         self._counter = None
@@ -451,6 +456,11 @@ class Simulation(World):
         self._watcher_parked = False
         self._stopped = True
         return trio.lowlevel.Abort.SUCCEEDED
+
+
+#: The simulation running in this process, if one is: read by progress displays
+#: (stacklib.reporting.progress) from their own thread, to show the virtual time simulated.
+RUNNING: Simulation | None = None
 
 
 def _parked_tasks(watcher: trio.lowlevel.Task | None) -> list[str]:

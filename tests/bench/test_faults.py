@@ -67,3 +67,24 @@ def test_the_daemon_lives_through_a_flood_and_its_channel_loses_nothing() -> Non
     assert row["corrupt"] == 0, "the daemon died"
     assert row["lost"] == 0 and row["delivered"] == 40
     assert row["daemon_counters"]["malformed"] > 0
+
+
+def test_ctrl_c_prints_the_campaigns_that_finished_and_exits_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from stacklib.bench import faults
+    from stacklib.cli import main
+
+    def finished(params: FaultsParams) -> dict[str, object]:
+        return {"tried": 7, "delivered": 7, "lost": 0, "corrupt": 0, "retransmitted": 0}
+
+    def interrupted(params: FaultsParams) -> dict[str, object]:
+        raise KeyboardInterrupt
+
+    runners = {"uam": finished, "tcp": interrupted, "formats": finished, "daemon": finished}
+    monkeypatch.setattr(faults, "CAMPAIGN_RUNNERS", runners)
+    assert main(["bench", "faults", "--only", "uam", "tcp", "daemon"]) == 130
+    out, err = capsys.readouterr()
+    assert out.count("uam") == 1 and "daemon" not in out
+    assert "stacklib bench faults: interrupted in tcp; not run: daemon" in err
+    assert "Traceback" not in err

@@ -183,7 +183,7 @@ def test_reproduce_passes_its_options_on(monkeypatch: pytest.MonkeyPatch, full: 
         return 0
 
     monkeypatch.setattr(stacklib.reproduce, "run_experiments", run_experiments)
-    argv = ["reproduce", "--only", "splitc", "--json"] + (["--full"] if full else [])
+    argv = ["reproduce", "--only", "splitc", "--json"] + (["--full", "--quiet"] if full else [])
     assert main(argv) == 0
     assert seen == {
         "only": ["splitc"],
@@ -191,4 +191,5 @@ def test_reproduce_passes_its_options_on(monkeypatch: pytest.MonkeyPatch, full: 
         "plots": None,
         "everything": False,
         "full": full,
+        "quiet": full,
     }

@@ -213,3 +213,73 @@ def test_the_full_experiment_runs_all_36_cells_through_the_runner(
     assert figures["Table 1: ssortsm 4 nodes, FE ahead of ATM"].ok  # paper 003 §5.2
     assert figures["Table 1: mm128 8 nodes, ATM ahead of FE"].ok
     assert "Table 2: rsortsm ATM speedup 2 -> 8" in figures
+
+
+def _interrupt_at(monkeypatch: pytest.MonkeyPatch, call: int) -> None:
+    """Ctrl-C in the ``call``-th run simulated in this process."""
+    real = experiment.run_cell
+    calls = iter(range(1, 100))
+
+    def run_cell(cell: Cell) -> CellResult:
+        if next(calls) == call:
+            raise KeyboardInterrupt
+        return real(cell)
+
+    monkeypatch.setattr(experiment, "run_cell", run_cell)
+
+
+def test_ctrl_c_gives_back_the_cells_that_finished(monkeypatch: pytest.MonkeyPatch) -> None:
+    _interrupt_at(monkeypatch, 2)
+    cells = experiment.suite(("ssortlg",), ("atm", "fe"), (2,), SMALL)
+    with pytest.raises(experiment.CellsInterrupted) as stop:
+        experiment.run_cells(cells, jobs=1, pure=True)
+    assert [r.cell for r in stop.value.finished] == [cells[0]]  # the longest expected ran first
+    assert isinstance(stop.value, KeyboardInterrupt)
+
+
+def test_the_command_prints_the_finished_runs_and_exits_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _interrupt_at(monkeypatch, 2)
+    argv = ["splitc", "table1", "--small", "--only", "ssortlg", "--nodes", "2", "--jobs", "1",
+            "--pure", "--quiet"]  # fmt: skip
+    assert main(argv) == 130
+    out, err = capsys.readouterr()
+    assert len(re.findall(r"^ssortlg +(ATM|FE) +2 ", out, re.M)) == 1
+    assert "interrupted; 1 of 2 runs finished (their tables follow)" in err
+    assert "Traceback" not in err
+
+
+def test_the_runs_under_way_count_by_their_virtual_time() -> None:
+    """A run with the paper's expected virtual time counts done in proportion (never all of
+    it); one without shows its virtual time only."""
+    import io
+
+    from stacklib.experiments.pool import RunsProgress
+    from stacklib.reporting.progress import Progress
+
+    shown = Progress(io.StringIO(), clock=lambda: 10.0, ticker=False)
+    with (
+        shown.task("table1"),
+        RunsProgress(
+            "runs", ["a", "b", "c"], [1.0, 2.0, 1.0], [10.0, None, 4.0], None, lambda: 0.0
+        ) as runs,
+    ):
+        runs.times = [5.0, 3.0, 0.0]
+        runs.finished(2, lambda *_: "")
+        line, fraction = shown.line(20.0)
+    assert "runs 1/3 done; simulating a t=5/10 s, b t=3 s" in line
+    assert fraction == pytest.approx((1.0 + 0.5) / 4.0)
+
+
+def test_a_worker_publishes_only_while_progress_is_shown() -> None:
+    import threading
+
+    from stacklib.experiments import pool
+
+    before = threading.active_count()
+    pool.init_worker(None)  # no display: no thread
+    assert threading.active_count() == before
+    seen: list[int] = []
+    assert pool.run_indexed(5, lambda x: seen.append(pool._INDEX) or x * 2, 21) == 42
+    assert seen == [5] and pool._INDEX == -1
