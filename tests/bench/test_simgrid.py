@@ -77,7 +77,7 @@ def test_export_refuses_a_result_without_latency() -> None:
 
 
 def test_alltoall_counts_what_a_library_without_flow_control_drops() -> None:
-    run = alltoall("bip", 16)  # 15 peers overrun BIP's receive queue
+    run = alltoall("bip", 16)  # 15 senders fill the small-message slots of BIP's NI
     assert not run.complete and math.isnan(run.seconds)
     with pytest.raises(ValueError, match="no library"):
         alltoall("gm", 4)
