@@ -39,6 +39,8 @@ def bench_simgrid(
 
     if not nodes or min(nodes) < 2:
         raise ValueError(f"node counts must be >= 2, not {list(nodes)}")
+    if size < 2:
+        raise ValueError(f"a message carries a 1-byte kind: size must be >= 2, not {size}")
     reason = smpirun.missing_tools()
     if reason is not None:
         raise smpirun.SmpiError(reason)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from stacklib import cli
 from stacklib.bench import smpirun
 from stacklib.bench.alltoall import alltoall
 from stacklib.bench.simgrid import (
@@ -129,3 +130,12 @@ def test_bench_runs_64_nodes_in_simgrid(programs: dict[str, Path], tmp_path: Pat
     assert sixty_four["simgrid_us"] > 4 * eight["simgrid_us"]
     assert result.facts["pingpong_max_deviation"] < 0.05  # type: ignore[operator]
     assert 'radical="0-63"' in (tmp_path / "fm" / "stacklib.xml").read_text()
+
+
+@pytest.mark.parametrize(("option", "value"), [("--nodes", "1,8"), ("--size", "1")])
+def test_bench_refuses_bad_counts_in_one_line(
+    option: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["bench", "simgrid", option, value]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and ">= 2" in err[0], err
