@@ -107,6 +107,29 @@ def test_smpirun_replays_the_ping_pong(
         assert replayed[size] == pytest.approx(export.rtt_half[size], rel=0.05), size
 
 
+def test_smpirun_takes_the_cfg_on_the_command_line(
+    programs: dict[str, Path], tmp_path: Path
+) -> None:
+    # A platform of one's own (no <config> block) and the .cfg's lines as --cfg options.
+    export = export_logp(logp_of("fm"))
+    platform, config = export.write(tmp_path)
+    text = platform.read_text()
+    bare = tmp_path / "bare.xml"
+    bare.write_text(text[: text.index("  <config>")] + text[text.index("</config>") + 10 :])
+    assert "<config>" not in bare.read_text()
+    options = [f"--cfg={line}" for line in config.read_text().splitlines()]
+    done = smpirun.run(
+        programs["pingpong"],
+        bare,
+        2,
+        ["10", "4", "4096"],
+        options=[*smpirun.REPLAY_OPTIONS, *options],
+    )
+    replayed = {int(a): float(b) for a, b in (line.split() for line in done.stdout.splitlines())}
+    for size in (4, 4096):
+        assert replayed[size] == pytest.approx(export.rtt_half[size], rel=0.05), size
+
+
 def test_fm_all_to_all_on_8_nodes_agrees_with_stacklib(
     programs: dict[str, Path], tmp_path: Path
 ) -> None:
