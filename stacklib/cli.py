@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from stacklib import __version__
-from stacklib.commands._common import add_set_option, load_recipe
+from stacklib.commands._common import add_set_option, load_recipe, sizes_type
 from stacklib.errors import ConfigError, StacklibError
 
 
@@ -171,6 +171,16 @@ def _bench(args: argparse.Namespace) -> Any:
         except ValueError as error:
             raise ConfigError("command line", "xdp", str(error)) from None
         result = bench_xdp(params)
+    elif args.bench == "simgrid":
+        from stacklib.bench.simgrid_scale import bench_simgrid
+        from stacklib.bench.smpirun import SmpiError
+
+        try:
+            result = bench_simgrid(
+                args.library, args.nodes, size=args.size, stacklib_up_to=args.stacklib_up_to
+            )
+        except (ValueError, SmpiError) as error:
+            raise ConfigError("command line", "simgrid", str(error)) from None
     elif args.transport is not None:
         result = _bench_transport(args)
     else:
@@ -443,6 +453,25 @@ def _add_bench(commands: argparse._SubParsersAction[Any]) -> None:
     b.add_argument("--messages", type=int, default=500_000, help="messages per raw stream")
     b.add_argument("--uam-messages", type=int, default=50_000, help="messages of the UAM stream")
     b.add_argument("--window", type=int, default=64, help="the UAM stream's window")
+    b.add_argument("--json", action="store_true", help="print JSON")
+    b.set_defaults(func=cmd_bench)
+    b = benches.add_parser(
+        "simgrid",
+        help="the scale path: an all-to-all on 8-1024 nodes in SimGrid (SMPI) from a Myrinet "
+        "library's exported LogP, against stacklib's own simulation",
+        description="Export one paper 004 library's LogP to SimGrid, check the ping-pong "
+        "replay, then run an all-to-all of small messages and a barrier under smpirun on each "
+        "node count and on stacklib's simulated cluster where it runs; simulated times, their "
+        "deviation and the wall time of both (docs/myrinet.md).",
+    )
+    b.add_argument("--library", choices=("am", "bip", "fm", "pm", "vmmc"), default="fm")
+    b.add_argument(
+        "--nodes", type=sizes_type("8,64"), default=(8, 64, 256, 1024), help="node counts"
+    )
+    b.add_argument("--size", type=int, default=8, help="bytes per message (8: a pair of keys)")
+    b.add_argument(
+        "--stacklib-up-to", type=int, default=64, help="run stacklib's simulation up to N nodes"
+    )
     b.add_argument("--json", action="store_true", help="print JSON")
     b.set_defaults(func=cmd_bench)
     b = benches.add_parser(
