@@ -85,7 +85,7 @@ def open_endpoint(
 
 
 def _wait_attached(endpoint: ShmEndpoint, channel: int, timeout: float = 30.0) -> None:
-    link = endpoint.ni.link(endpoint, channel)
+    link = endpoint.shm_ni.link(endpoint, channel)
     deadline = time.monotonic() + timeout
     while not link.peer_attached:
         if time.monotonic() > deadline:

@@ -174,6 +174,7 @@ class ShmLink:
             if fd is not None:
                 os.close(fd)
         self._pidfd = self._peer_wake = None
+        self.rx.release_held()  # a view handed out by Ring.hold goes before its mapping
         self.tx.data.release()
         self.rx.data.release()
         self._words.release()

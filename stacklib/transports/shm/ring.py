@@ -60,6 +60,7 @@ class Ring:
         "corrupt",
         "data",
         "error",
+        "held",
         "max_message",
         "wake_producer",
     )
@@ -80,6 +81,8 @@ class Ring:
         #: Called by :meth:`take` when it made room for a producer that waits (the link sets
         #: it to its wake-up of the peer).
         self.wake_producer: Callable[[], object] | None = None
+        #: The view :meth:`hold` handed out, its record not yet freed (see :meth:`hold`).
+        self.held: memoryview | None = None
         self._tail = self._head = self._cached_head = 0
         # Counters found in the region when this side attaches come from shared memory too.
         tail = words[base + _TAIL]
@@ -187,6 +190,8 @@ class Ring:
         ring (:meth:`_break`), which then reads as empty: record boundaries can no longer be
         trusted.
         """
+        if self.held is not None:
+            self.release_held()
         head = self._head
         words = self._words
         base = self._base
@@ -224,6 +229,8 @@ class Ring:
         """A copy of the next message, its record freed at once, or None: :meth:`peek`, the
         copy and :meth:`release` in one call (the single-message receive path).  A producer
         waiting for room has its flag cleared and is woken through :attr:`wake_producer`."""
+        if self.held is not None:
+            self.release_held()
         head = self._head
         words = self._words
         base = self._base
@@ -273,6 +280,8 @@ class Ring:
         """Copies of up to ``limit`` waiting messages and their total bytes, freeing their
         records with one head update.  Checks every record as :meth:`peek` does; a bad one
         breaks the ring, and the sound messages before it are still returned."""
+        if self.held is not None:
+            self.release_held()
         out: list[bytes] = []
         head = self._head
         words = self._words
@@ -316,6 +325,58 @@ class Ring:
         self._head = head
         words[base + _HEAD] = head
         return out, nbytes
+
+    def take_into(self, buffer: bytearray | memoryview) -> int | None:
+        """Copy the next message into ``buffer`` and free its record: its length, or None
+        (empty or broken).  One copy, ring to buffer.  A message longer than ``buffer`` stays
+        in the ring and raises ``ValueError`` naming both lengths."""
+        view = self.peek()
+        if view is None:
+            return None
+        length = len(view)
+        if length > len(buffer):
+            view.release()
+            raise ValueError(
+                f"a message of {length} bytes does not fit a {len(buffer)}-byte buffer"
+            )
+        buffer[:length] = view
+        self.release(view)
+        if self._words[self._base + _WAITING]:  # as in take(): we made room
+            self._words[self._base + _WAITING] = 0
+            if self.wake_producer is not None:
+                self.wake_producer()
+        return length
+
+    def hold(self) -> memoryview | None:
+        """The next message as a read-only view of its record, no copy, or None.
+
+        The record stays allocated (the producer cannot reuse it) until :meth:`release_held`,
+        which the next read of this ring (:meth:`take`, :meth:`take_into`, :meth:`read_many`,
+        :meth:`peek`, :meth:`hold`) calls first; the view is released then and raises
+        ``ValueError`` if used later.  Slices taken from the view are not released: they must
+        be dropped by then, as the ring reuses those bytes.  The producer can still write into
+        the shared record, so anything checked must be copied out before it is trusted.
+        """
+        view = self.peek()
+        if view is None:
+            return None
+        held = view.toreadonly()
+        view.release()
+        self.held = held
+        return held
+
+    def release_held(self) -> None:
+        """Free the record of the view :meth:`hold` handed out and release the view (no-op
+        without one); wakes a producer waiting for room, as :meth:`take` does."""
+        held = self.held
+        if held is None:
+            return
+        self.held = None
+        self.release(held)
+        if self._words[self._base + _WAITING]:
+            self._words[self._base + _WAITING] = 0
+            if self.wake_producer is not None:
+                self.wake_producer()
 
     def release(self, view: memoryview) -> None:
         """Free the record :meth:`peek` returned."""
