@@ -1,14 +1,17 @@
 """The shm bulk paths: bytes sent straight from the caller's object, receive-into a buffer,
-and views lent out of the ring (their lifetime), across wrap-around and a full ring."""
+views lent out of the ring (their lifetime), across wrap-around and a full ring; and how
+often ``await recv()`` yields."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
+import trio
 
 from stacklib.errors import UNetError
 from stacklib.transports.shm import ShmEndpoint, ShmNetwork
+from stacklib.transports.shm.endpoint import YIELD_EVERY
 from stacklib.unet import DescriptorStatus, connect
 
 
@@ -149,3 +152,44 @@ def test_closing_with_a_view_out(small: ShmNetwork) -> None:
     ep_b.close()
     with pytest.raises(ValueError):
         bytes(got[1])
+
+
+async def test_recv_yields_now_and_then_and_is_always_a_cancellation_point(
+    small: ShmNetwork,
+) -> None:
+    ep_a, ep_b, ch_a, _ = _pair(small)
+    count = 2 * YIELD_EVERY
+    for index in range(count):
+        ep_a.send_nowait(ch_a, bytes([index]))
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ticker)
+        await trio.lowlevel.checkpoint()
+        before = ticks
+        for index in range(count):
+            assert (await ep_b.recv()).data == bytes([index])
+        # Other tasks ran, but not after every message (a scheduler pass per message would
+        # cost as much as the round trip).
+        assert 1 <= ticks - before <= 2
+        nursery.cancel_scope.cancel()
+    ep_a.send_nowait(ch_a, b"kept")
+    reached = False
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await ep_b.recv()
+        reached = True
+    assert not reached
+    message = ep_b.poll()  # the cancelled recv took nothing
+    assert message is not None and message.data == b"kept"
+
+
+def test_hot_spin_is_checked() -> None:
+    with pytest.raises(ValueError, match="hot_spin must be >= 0"):
+        ShmNetwork(hot_spin=-1e-6)

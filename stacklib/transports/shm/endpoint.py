@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import trio
 
@@ -18,20 +18,36 @@ from stacklib.compiled import mypyc_attr
 from stacklib.errors import PeerGone, SegmentError
 from stacklib.transports.shm.link import ShmLink
 from stacklib.transports.shm.ring import WRITTEN_WAKE, Ring
-from stacklib.unet.endpoint import Endpoint, Message
+from stacklib.unet.endpoint import Endpoint, EndpointConfig, Message
 from stacklib.unet.polled import relax as relax
 from stacklib.wire.descriptor import DescriptorStatus, Fragment, SendDescriptor
 
 if TYPE_CHECKING:
     from stacklib.transports.shm.ni import ShmNI
+    from stacklib.unet.ni import NetworkInterface
+    from stacklib.unet.os_service import OSService, Principal
+
+#: A :meth:`ShmEndpoint.recv` that did not wait yields to other trio tasks once in this many
+#: calls (it is a cancellation point every time).
+YIELD_EVERY = 16
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 class ShmEndpoint(Endpoint):
     """An endpoint whose receive and send calls run the NI (there is no NI processor)."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(
+        self,
+        *,
+        port: int,
+        owner: Principal,
+        ni: NetworkInterface,
+        os_service: OSService,
+        config: EndpointConfig,
+    ) -> None:
+        # The arguments spelt out: mypyc's compiled ``**kwargs`` forwarding to a compiled
+        # base class mixes them up.
+        super().__init__(port=port, owner=owner, ni=ni, os_service=os_service, config=config)
         # ``self.ni``, typed: a compiled subclass may not narrow the type of an inherited
         # attribute (stacklib/compiled.py), so the shm NI has a name of its own.
         #: This endpoint's NI (the OS service creates a ShmEndpoint for a ShmNI only).
@@ -42,6 +58,8 @@ class ShmEndpoint(Endpoint):
         self._rotate = False
         #: The ring whose record :meth:`poll_view` lent out, freed by the next receive call.
         self._held: Ring | None = None
+        #: Calls of :meth:`recv` since one last yielded to other tasks.
+        self._unyielded = 0
 
     def add_rx_link(self, link: ShmLink, channel: int) -> None:
         """Scan ``link``'s receive ring for ``channel`` in the fast poll (the NI calls this
@@ -135,7 +153,8 @@ class ShmEndpoint(Endpoint):
                 raise ValueError(
                     f"a message of {length} bytes does not fit a {len(buffer)}-byte buffer"
                 )
-            buffer[:length] = message.data
+            with memoryview(buffer) as target:
+                target[:length] = message.data
             return message.channel, length
         links = self._rx_links
         for index, (link, channel) in enumerate(links):
@@ -325,6 +344,9 @@ class ShmEndpoint(Endpoint):
     async def send(
         self, channel: int, data: bytes | bytearray | memoryview, *, dest_offset: int | None = None
     ) -> SendDescriptor:
+        """Send, waiting while the ring is full: spin ``spin_time`` seconds with checkpoints,
+        then sleep.  Always a checkpoint: a sender that does not yield could leave messages
+        queued behind a full ring with no one to push them (the NI has no processor)."""
         await trio.lowlevel.checkpoint_if_cancelled()
         deadline = 0.0
         while True:
@@ -344,13 +366,34 @@ class ShmEndpoint(Endpoint):
         return descriptor
 
     async def recv(self) -> Message:
-        """Wait for a message: spin ``spin_time`` seconds with checkpoints, then sleep."""
+        """Wait for a message: poll without yielding for ``hot_spin`` seconds (a reply on a
+        busy channel comes sooner than a trio scheduler pass takes), then spin ``spin_time``
+        seconds with checkpoints, then sleep.
+
+        Always a cancellation point.  A call that did not wait yields to other tasks only every
+        :data:`YIELD_EVERY` calls: a scheduler pass costs several microseconds, as much as
+        the whole round trip over shm, so yielding on every message would make the ``await``
+        face several times slower than polling.  Other tasks wait at most ``hot_spin`` plus
+        that many messages' work.
+        """
         await trio.lowlevel.checkpoint_if_cancelled()
-        message = self.poll()
-        if message is not None:
-            await trio.lowlevel.cancel_shielded_checkpoint()
-            return message
+        poll = self.poll
         ni = self.shm_ni
+        message = poll()
+        if message is None:
+            now = time.perf_counter
+            hot = now() + ni.hot_spin
+            spins = 0
+            while (message := poll()) is None and now() < hot:
+                spins += 1
+                relax(spins)  # a peer sharing this CPU runs now, not after our time slice
+        if message is not None:
+            self._unyielded += 1
+            if self._unyielded >= YIELD_EVERY:
+                self._unyielded = 0
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            return message
+        self._unyielded = 0
         deadline = time.perf_counter() + ni.spin_time
         while True:
             self.check_open()
@@ -359,7 +402,7 @@ class ShmEndpoint(Endpoint):
             else:
                 await ni.idle_wait()
                 self._raise_if_failed(None)
-            message = self.poll()
+            message = poll()
             if message is not None:
                 return message
 

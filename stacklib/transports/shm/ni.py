@@ -56,6 +56,8 @@ class ShmNI(PolledNI):
         )
         self.network = network
         self.spin_time = network.spin_time
+        #: Seconds ``await recv()`` polls without yielding before it spins with checkpoints.
+        self.hot_spin = network.hot_spin
         self.max_sleep = network.max_sleep
         self._links: dict[Hashable, ShmLink] = {}
         self._link_list: list[ShmLink] = []

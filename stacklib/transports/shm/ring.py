@@ -339,7 +339,9 @@ class Ring:
             raise ValueError(
                 f"a message of {length} bytes does not fit a {len(buffer)}-byte buffer"
             )
-        buffer[:length] = view
+        # Through a memoryview: a bytearray's slice assignment would copy the view first.
+        with memoryview(buffer) as target:
+            target[:length] = view
         self.release(view)
         if self._words[self._base + _WAITING]:  # as in take(): we made room
             self._words[self._base + _WAITING] = 0
