@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from stacklib.unet.ni import NetworkInterface
     from stacklib.unet.os_service import OSService, Principal
 
+_INJECTED = DescriptorStatus.INJECTED
+
 #: A :meth:`ShmEndpoint.recv` that did not wait yields to other trio tasks once in this many
 #: calls (it is a cancellation point every time).
 YIELD_EVERY = 16
@@ -255,9 +257,8 @@ class ShmEndpoint(Endpoint):
                         ni.wakeups_sent += 1
                         link.wake_peer()
                     inline = data if type(data) is bytes else bytes(data)
-                    descriptor = SendDescriptor(
-                        channel, inline=inline, status=DescriptorStatus.INJECTED
-                    )
+                    # Positional: a keyword call builds a dict per message.
+                    descriptor = SendDescriptor(channel, (), inline, None, _INJECTED)
                     self.sent += 1
                     self.sent_bytes += length
                     ni.sent += 1

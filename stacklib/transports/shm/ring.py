@@ -55,6 +55,7 @@ class Ring:
         "_cached_head",
         "_head",
         "_tail",
+        "_u32",
         "_words",
         "capacity",
         "corrupt",
@@ -72,6 +73,10 @@ class Ring:
         self._words = words
         self._base = base
         self.data = data
+        # Record headers read and written as two 32-bit words (offsets are 16-byte aligned):
+        # two indexings cost less than a Struct call and its tuple.  Native order, which is
+        # RECORD_HEADER's little-endian on x86-64 (see the module's note on ordering).
+        self._u32 = data.cast("I")
         self.capacity = capacity
         self.max_message = max_message
         #: Times the peer broke the ring (a broken ring is cut off, so at most once).
@@ -118,13 +123,15 @@ class Ring:
             self._cached_head = head
             if tail + need - head > capacity:
                 return 0
-        data = self.data
+        u32 = self._u32
         if size > to_end:
-            RECORD_HEADER.pack_into(data, offset, to_end, KIND_PAD)
+            u32[offset >> 2] = to_end
+            u32[(offset >> 2) + 1] = KIND_PAD
             tail += to_end
             offset = 0
-        RECORD_HEADER.pack_into(data, offset, n, KIND_MESSAGE)
-        data[offset + 8 : offset + 8 + n] = payload
+        u32[offset >> 2] = n
+        u32[(offset >> 2) + 1] = KIND_MESSAGE
+        self.data[offset + 8 : offset + 8 + n] = payload
         tail += size
         self._tail = tail
         # Published after the record: x86-64 keeps the two stores in this order.
@@ -141,7 +148,7 @@ class Ring:
         capacity = self.capacity
         room = self._cached_head + capacity  # the tail may advance up to here
         data = self.data
-        pack = RECORD_HEADER.pack_into
+        u32 = self._u32
         count = nbytes = 0
         for payload in messages:
             n = len(payload)
@@ -161,10 +168,12 @@ class Ring:
                 if tail + need > room:
                     break
             if size > to_end:
-                pack(data, offset, to_end, KIND_PAD)
+                u32[offset >> 2] = to_end
+                u32[(offset >> 2) + 1] = KIND_PAD
                 tail += to_end
                 offset = 0
-            pack(data, offset, n, KIND_MESSAGE)
+            u32[offset >> 2] = n
+            u32[(offset >> 2) + 1] = KIND_MESSAGE
             data[offset + 8 : offset + 8 + n] = payload
             tail += size
             count += 1
@@ -204,7 +213,9 @@ class Ring:
                 self._break(f"the producer published tail {tail} (head {head})")
                 return None
             offset = head % capacity
-            length, kind = RECORD_HEADER.unpack_from(self.data, offset)
+            u32 = self._u32
+            length = u32[offset >> 2]
+            kind = u32[(offset >> 2) + 1]
             if kind == KIND_PAD:
                 if length != capacity - offset or length > avail:
                     self._break(f"a pad record of length {length} at offset {offset}")
@@ -242,9 +253,10 @@ class Ring:
         if avail < 0 or avail > capacity or avail % ALIGN:
             self._break(f"the producer published tail {tail} (head {head})")
             return None
-        data = self.data
+        u32 = self._u32
         offset = head % capacity
-        length, kind = RECORD_HEADER.unpack_from(data, offset)
+        length = u32[offset >> 2]
+        kind = u32[(offset >> 2) + 1]
         if kind == KIND_PAD:
             if length != capacity - offset or length > avail:
                 self._break(f"a pad record of length {length} at offset {offset}")
@@ -256,7 +268,8 @@ class Ring:
                 words[base + _HEAD] = head
                 return None
             offset = 0
-            length, kind = RECORD_HEADER.unpack_from(data, 0)
+            length = u32[0]
+            kind = u32[1]
         size = (length + 8 + ALIGN - 1) & ~(ALIGN - 1)
         if (
             kind != KIND_MESSAGE
@@ -266,7 +279,7 @@ class Ring:
         ):
             self._break(f"a record of kind {kind} and length {length} at offset {offset}")
             return None
-        message = bytes(data[offset + 8 : offset + 8 + length])
+        message = bytes(self.data[offset + 8 : offset + 8 + length])
         head += size
         self._head = head
         words[base + _HEAD] = head
@@ -295,14 +308,15 @@ class Ring:
             self._break(f"the producer published tail {tail} (head {head})")
             return out, 0
         data = self.data
-        unpack = RECORD_HEADER.unpack_from
+        u32 = self._u32
         largest = self.max_message
         append = out.append
         left = limit
         nbytes = 0
         while head != tail and left:
             offset = head % capacity
-            length, kind = unpack(data, offset)
+            length = u32[offset >> 2]
+            kind = u32[(offset >> 2) + 1]
             if kind == KIND_PAD:
                 if length != capacity - offset or length > tail - head:
                     self._break(f"a pad record of length {length} at offset {offset}")
@@ -400,6 +414,13 @@ class Ring:
         self._tail = self._head = 0
         # Far behind any tail: every write takes the checked path, which refuses it.
         self._cached_head = -(1 << 64)
+
+    def release_views(self) -> None:
+        """Release this ring's views of the mapping (its link closes): first a view still
+        lent out by :meth:`hold`, then the record views."""
+        self.release_held()
+        self._u32.release()
+        self.data.release()
 
     @property
     def pending(self) -> bool:
