@@ -28,9 +28,10 @@ if TYPE_CHECKING:
     from stacklib.unet.os_service import OSService, Principal
 
 _INJECTED = DescriptorStatus.INJECTED
+_POSTED = DescriptorStatus.POSTED
 
-#: A :meth:`ShmEndpoint.recv` that did not wait yields to other trio tasks once in this many
-#: calls (it is a cancellation point every time).
+#: A :meth:`ShmEndpoint.send` or :meth:`ShmEndpoint.recv` that did not wait yields to other
+#: trio tasks once in this many calls (it is a cancellation point every time).
 YIELD_EVERY = 16
 
 
@@ -60,7 +61,7 @@ class ShmEndpoint(Endpoint):
         self._rotate = False
         #: The ring whose record :meth:`poll_view` lent out, freed by the next receive call.
         self._held: Ring | None = None
-        #: Calls of :meth:`recv` since one last yielded to other tasks.
+        #: Calls of :meth:`send` and :meth:`recv` since one last yielded to other tasks.
         self._unyielded = 0
 
     def add_rx_link(self, link: ShmLink, channel: int) -> None:
@@ -346,25 +347,58 @@ class ShmEndpoint(Endpoint):
         self, channel: int, data: bytes | bytearray | memoryview, *, dest_offset: int | None = None
     ) -> SendDescriptor:
         """Send, waiting while the ring is full: spin ``spin_time`` seconds with checkpoints,
-        then sleep.  Always a checkpoint: a sender that does not yield could leave messages
-        queued behind a full ring with no one to push them (the NI has no processor)."""
+        then sleep; return once the message is in the peer's ring.
+
+        Always a cancellation point.  A message queued behind a full ring is waited for until
+        this process's NI has put it into the ring (the NI has no processor: a sender that
+        returned could leave it queued with no one to push it); cancelled during that wait,
+        the message stays queued and goes out when the NI next runs.  A send that did not
+        wait yields to other tasks only every :data:`YIELD_EVERY` calls, as :meth:`recv`
+        does.
+        """
         await trio.lowlevel.checkpoint_if_cancelled()
-        deadline = 0.0
+        ni = self.shm_ni
+        deadline = 0.0  # set once the send queue was full: this call waited
         while True:
             try:
                 descriptor = self.send_nowait(channel, data, dest_offset=dest_offset)
             except trio.WouldBlock:
                 now = time.perf_counter()
                 if not deadline:
-                    deadline = now + self.shm_ni.spin_time
+                    deadline = now + ni.spin_time
                 if now < deadline:
                     await trio.lowlevel.checkpoint()
                 else:
-                    await self.shm_ni.idle_wait()
+                    await ni.idle_wait()
             else:
                 break
+        if descriptor.status is _POSTED:
+            await self._injected(channel, descriptor)
+        elif deadline:
+            self._unyielded = 0
+        else:
+            self._unyielded += 1
+            if self._unyielded < YIELD_EVERY:
+                return descriptor
+            self._unyielded = 0
         await trio.lowlevel.cancel_shielded_checkpoint()
         return descriptor
+
+    async def _injected(self, channel: int, descriptor: SendDescriptor) -> None:
+        """Wait until this process's NI has put the queued ``descriptor`` into the ring."""
+        ni = self.shm_ni
+        self._unyielded = 0
+        deadline = time.perf_counter() + ni.spin_time
+        while True:
+            ni.progress()
+            if descriptor.status is not _POSTED:
+                return
+            self._raise_if_failed(channel)
+            self.check_open()
+            if time.perf_counter() < deadline:
+                await trio.lowlevel.checkpoint()
+            else:
+                await ni.idle_wait()
 
     async def recv(self) -> Message:
         """Wait for a message: poll without yielding for ``hot_spin`` seconds (a reply on a
