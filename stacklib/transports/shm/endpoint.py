@@ -87,7 +87,10 @@ class ShmEndpoint(Endpoint):
         """
         if not isinstance(buffer, tuple) or len(buffer) != 2:
             raise SegmentError(f"{self!r}: a free buffer is an (offset, length) Fragment")
-        offset, length = buffer
+        # Unpacked as objects: compiled, unpacking a Fragment would check for ints itself and
+        # raise TypeError instead of the SegmentError promised here.
+        fields: tuple[object, ...] = tuple(buffer)
+        offset, length = fields
         segment = self.segment
         if type(offset) is not int or type(length) is not int or length <= 0:
             raise SegmentError(
