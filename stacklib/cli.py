@@ -140,8 +140,10 @@ def _bench(args: argparse.Namespace) -> Any:
 
         result = tcp_bulk.bench_tcp(size=args.size, chunk=args.chunk, repeat=args.repeat)
     elif args.bench == "real":
-        from stacklib.bench import real
+        from stacklib.bench import engines, real
 
+        if args.only is None or set(args.only) - {"udp", "udp1"}:
+            engines.prepare(args.pure, lambda line: print(line, file=sys.stderr, flush=True))
         result = real.bench_real(
             iterations=args.iterations,
             messages=args.messages,
@@ -149,6 +151,7 @@ def _bench(args: argparse.Namespace) -> Any:
             repeat=args.repeat,
             only=args.only,
             compare=args.compare,
+            pure=args.pure,
         )
     elif args.bench == "spmd":
         from stacklib.bench.spmd import bench_spmd
@@ -411,6 +414,12 @@ def _add_bench(commands: argparse._SubParsersAction[Any]) -> None:
         choices=["mpi"],
         help="mpi: also mpi4py over Open MPI between the same two CPUs (mpirun and the "
         "system Python's mpi4py; the rows are skipped with the reason when missing)",
+    )
+    b.add_argument(
+        "--pure",
+        action="store_true",
+        help="measure the pure Python modules only (by default the stacklib rows are also "
+        "measured on the compiled copy, built first when mypyc is installed)",
     )
     _wall_clock_options(b, repeat=3)
     b = benches.add_parser(

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from stacklib.bench import real_am, shm_rates
+from stacklib.bench.engines import PURE, engines, measure
 from stacklib.bench.peers.shm import PeerSpec, spawn_peer
 from stacklib.bench.result import Cell, Column, Result
 from stacklib.layers.uam import UamLayer, UamParams, UamService
@@ -41,7 +42,7 @@ from stacklib.transports.shm import (
     ShmNetwork,
     relax,
 )
-from stacklib.unet import EndpointConfig
+from stacklib.unet import EndpointConfig, Message
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -87,7 +88,7 @@ def open_endpoint(
 
 
 def _wait_attached(endpoint: ShmEndpoint, channel: int, timeout: float = 30.0) -> None:
-    link = endpoint.ni.link(endpoint, channel)
+    link = endpoint.shm_ni.link(endpoint, channel)
     deadline = time.monotonic() + timeout
     while not link.peer_attached:
         if time.monotonic() > deadline:
@@ -317,7 +318,9 @@ async def _uam_messages(
 def shm_stream(count: int, size: int) -> float:
     """Seconds for a peer process to stream ``count`` messages of ``size`` bytes to this one,
     from the first arrival to the last (the receiver busy-polls)."""
-    ring = 4 << 20
+    # 64 KiB messages stream best through a ring that stays in the caches (1 MiB: 15 of them
+    # in flight); small ones through a larger ring that rarely fills.
+    ring = 1 << 20 if size >= _BULK else 4 << 20
     peer_config = EndpointConfig(
         segment_size=1 << 20, tx_buffers=4, tx_buffer_size=max(size, 64), rx_buffers=1
     )
@@ -340,36 +343,28 @@ def shm_stream(count: int, size: int) -> float:
                 config=peer_config,
             )
         )
-        return drain_stream(endpoint, channel, peer, count, "shm")
+        into = bytearray(size) if size > network.inline_threshold else None
+        return drain_stream(endpoint, channel, peer, count, "shm", into)
 
 
 def drain_stream(
-    endpoint: ShmEndpoint, channel: int, peer: BaseProcess, count: int, what: str
+    endpoint: ShmEndpoint,
+    channel: int,
+    peer: BaseProcess,
+    count: int,
+    what: str,
+    into: bytearray | None = None,
 ) -> float:
     """Busy-poll ``count`` messages, then an empty one, that ``peer`` streams on ``channel``;
     answer "done" and reap ``peer``.  Returns seconds from the first arrival to the last,
-    scaled to ``count``; ``what`` names the path in errors."""
+    scaled to ``count``; ``what`` names the path in errors.  With ``into``, each message is
+    copied into that one buffer (:meth:`ShmEndpoint.poll_into`, as MPI's ``Recv`` does)
+    instead of into new bytes."""
     try:
-        poll = endpoint.poll
-        deadline = time.monotonic() + 30
-        while (first := poll()) is None:
-            if time.monotonic() > deadline or not peer.is_alive():
-                raise RuntimeError(f"the {what} source process sent nothing")
-        start = time.perf_counter()
-        received = 1 if first.data else 0
-        idle = 0
-        while True:
-            message = poll()
-            if message is None:
-                idle += 1
-                relax(idle)
-                if idle & 0xFFFFF == 0 and not peer.is_alive():
-                    raise RuntimeError(f"the {what} source process died mid-stream")
-                continue
-            if not message.data:
-                break
-            received += 1
-        elapsed = time.perf_counter() - start
+        if into is not None:
+            elapsed, received = _drain_into(endpoint, peer, what, into)
+        else:
+            elapsed, received = _drain(endpoint, peer, what)
         endpoint.send_nowait(channel, b"done")
         if received != count:
             raise RuntimeError(f"{what} stream lost messages: {received} of {count}")
@@ -380,6 +375,58 @@ def drain_stream(
         if peer.is_alive():
             peer.kill()
             peer.join(5)
+
+
+def _first(poll: Callable[[], object | None], peer: BaseProcess, what: str) -> object:
+    deadline = time.monotonic() + 30
+    while (first := poll()) is None:
+        if time.monotonic() > deadline or not peer.is_alive():
+            raise RuntimeError(f"the {what} source process sent nothing")
+    return first
+
+
+def _idle(idle: int, peer: BaseProcess, what: str) -> None:
+    relax(idle)
+    if idle & 0xFFFFF == 0 and not peer.is_alive():
+        raise RuntimeError(f"the {what} source process died mid-stream")
+
+
+def _drain(endpoint: ShmEndpoint, peer: BaseProcess, what: str) -> tuple[float, int]:
+    """(seconds from the first message to the empty one, messages before it) with ``poll``."""
+    poll = endpoint.poll
+    first = _first(poll, peer, what)
+    start = time.perf_counter()
+    received = 1 if isinstance(first, Message) and first.data else 0
+    idle = 0
+    while True:
+        message = poll()
+        if message is None:
+            idle += 1
+            _idle(idle, peer, what)
+            continue
+        if not message.data:
+            return time.perf_counter() - start, received
+        received += 1
+
+
+def _drain_into(
+    endpoint: ShmEndpoint, peer: BaseProcess, what: str, buffer: bytearray
+) -> tuple[float, int]:
+    """:func:`_drain` with ``poll_into`` one buffer."""
+    poll_into = endpoint.poll_into
+    first = _first(lambda: poll_into(buffer), peer, what)
+    start = time.perf_counter()
+    received = 1 if isinstance(first, tuple) and first[1] else 0
+    idle = 0
+    while True:
+        got = poll_into(buffer)
+        if got is None:
+            idle += 1
+            _idle(idle, peer, what)
+            continue
+        if not got[1]:
+            return time.perf_counter() - start, received
+        received += 1
 
 
 def _udp_echo(port_out: object, cpu: int | None) -> None:
@@ -450,6 +497,9 @@ MEASUREMENTS = (
     "bulk",
 )
 
+#: The measurements without stacklib code (kernel sockets): measured once, not per engine.
+_KERNEL = frozenset({"udp", "udp1"})
+
 #: Baselines :func:`bench_real` can run beside its own rows (``--compare``).
 COMPARISONS = ("mpi",)
 
@@ -497,6 +547,7 @@ def bench_real(
     size: int = 40,
     only: Sequence[str] | None = None,
     compare: str | None = None,
+    pure: bool = False,
 ) -> Result:
     """All the measurements (or those named in ``only``), best of ``repeat`` each, interleaved
     in one run.
@@ -514,6 +565,11 @@ def bench_real(
     ``iterations // 10`` round trips, as the kernel rows do.  With ``compare="mpi"`` the
     Split-C read rows are set against mpi4py's read of the same bytes (a 16-byte request and
     an 8-byte reply with ``Send``/``Recv``), the polled one with a target of at most 3x.
+
+    Where a compiled copy of these sources exists (``stacklib compile``) and ``pure`` is
+    False, every stacklib row is measured twice, on the pure modules and on the compiled copy
+    (both processes of the channel; :mod:`stacklib.bench.engines`), the compiled row named
+    ", compiled" right after the pure one.
     """
     unknown = sorted(set(only or ()) - set(MEASUREMENTS))
     if unknown:
@@ -531,22 +587,27 @@ def bench_real(
             mpi = _mpi_runs(iterations, messages, bulk_messages, size)
         except MpiUnavailable as error:
             skipped.append(f"mpi4py rows skipped: {error}")
-    plan: list[tuple[str, Callable[[], float]]] = [
-        ("shm", lambda: shm_pingpong(iterations, size, "poll")),
-        ("udp", lambda: udp_pingpong(few, size)),
-        ("trio", lambda: shm_pingpong(few, size, "trio")),
-        ("udp1", lambda: udp_pingpong(few, size, same_cpu=True)),
-        ("uam", lambda: uam_pingpong(few, "request", "poll")),
-        ("uamtrio", lambda: uam_pingpong(few, "request", "trio")),
-        ("splitc", lambda: real_am.splitc_read(few, "poll")),
-        ("splitctrio", lambda: real_am.splitc_read(few, "trio")),
-        ("rate", lambda: shm_stream(messages, size)),
-        ("bulk", lambda: shm_stream(bulk_messages, _BULK)),
+    runs_on = engines(pure)
+    plan: list[tuple[str, Callable[..., float], tuple[object, ...]]] = [
+        ("shm", shm_pingpong, (iterations, size, "poll")),
+        ("udp", udp_pingpong, (few, size)),
+        ("trio", shm_pingpong, (few, size, "trio")),
+        ("udp1", udp_pingpong, (few, size, 200, True)),
+        ("uam", uam_pingpong, (few, "request", "poll")),
+        ("uamtrio", uam_pingpong, (few, "request", "trio")),
+        ("splitc", real_am.splitc_read, (few, "poll")),
+        ("splitctrio", real_am.splitc_read, (few, "trio")),
+        ("rate", shm_stream, (messages, size)),
+        ("bulk", shm_stream, (bulk_messages, _BULK)),
     ]
-    plan = [(key, run) for key, run in plan if only is None or key in only]
+    plan = [step for step in plan if only is None or step[0] in only]
     for _ in range(repeat):
-        for key, run in plan:
-            runs.setdefault(key, []).append(run())
+        for key, fn, args in plan:
+            if key in _KERNEL:  # no stacklib code to compile
+                runs.setdefault(key, []).append(fn(*args))
+                continue
+            for engine in runs_on:
+                runs.setdefault(key + engine.suffix, []).append(measure(engine, fn, *args))
         if mpi is not None:
             for key, seconds in mpi().items():
                 runs.setdefault(f"mpi.{key}", []).append(seconds)
@@ -635,6 +696,12 @@ def bench_real(
             lambda t: bulk_messages * _BULK / t >= 1e9,
         ),
     ]
+    # Each stacklib row again on the compiled copy, right after its pure row.
+    specs = [
+        (key + engine.suffix, name + engine.suffix, value, unit, target, met)
+        for key, name, value, unit, target, met in specs
+        for engine in (runs_on if key not in _KERNEL else [PURE])
+    ]
     if mpi is not None:
         units: dict[str, tuple[Callable[[float], float], str]] = {
             spec[0]: (spec[2], spec[3]) for spec in specs
@@ -662,10 +729,10 @@ def bench_real(
             "met": ("yes" if met(best[key]) else "no") if judged else "-",
         }
         if mpi is not None:
-            anchor = anchors.get(key, "mpi.buffer")
+            anchor = anchors.get(key.removesuffix(", compiled"), "mpi.buffer")
             row["vs_mpi"] = best[key] / best[anchor] if anchor in best else None
         rows.append(row)
-    rows += shm_rates.batched_rows(only, repeat, messages, size)
+    rows += shm_rates.batched_rows(only, repeat, messages, size, runs_on)
     facts: dict[str, Cell] = {
         "iterations": iterations,
         "messages": messages,
@@ -687,6 +754,11 @@ def bench_real(
         "best of each over the repeats; each side is its own process (spawn start method)",
         "2 CPUs: this process on one CPU, the peer on the other (sched_setaffinity)",
     ]
+    if len(runs_on) > 1:
+        notes.append(
+            f"compiled: both processes run the mypyc copy in {runs_on[-1].copy} (stacklib "
+            "compile); the other stacklib rows run the pure modules (--pure: those only)"
+        )
     if mpi is not None:
         columns.append(Column("vs_mpi", "x mpi4py best", "", 2))
         notes.append(

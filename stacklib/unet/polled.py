@@ -12,9 +12,11 @@ from __future__ import annotations
 import abc
 import os
 import time
+from typing import cast
 
 import trio
 
+from stacklib.compiled import mypyc_attr
 from stacklib.unet.endpoint import Endpoint, Message
 from stacklib.unet.ni import NetworkInterface
 from stacklib.wire.descriptor import SendDescriptor
@@ -32,6 +34,7 @@ def relax(spins: int) -> None:
         os.sched_yield()
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class PolledNI(NetworkInterface):
     """An NI whose work is done by the host when asked: ``progress``, ``idle_wait``, ``serve``."""
 
@@ -55,14 +58,19 @@ class PolledNI(NetworkInterface):
             await trio.lowlevel.checkpoint()
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class PolledEndpoint(Endpoint):
     """An endpoint whose receive and send calls run its :class:`PolledNI`."""
 
-    ni: PolledNI
+    @property
+    def polled_ni(self) -> PolledNI:
+        """This endpoint's NI, typed (a compiled class may not narrow an inherited
+        attribute's type, so subclasses narrow ``ni`` and this base uses this)."""
+        return cast(PolledNI, self.ni)
 
     def poll(self) -> Message | None:
         if not self.recv_queue:
-            self.ni.progress()
+            self.polled_ni.progress()
         return super().poll()
 
     def send_nowait(
@@ -71,7 +79,7 @@ class PolledEndpoint(Endpoint):
         try:
             return super().send_nowait(channel, data, dest_offset=dest_offset)
         except trio.WouldBlock:
-            self.ni.progress()
+            self.polled_ni.progress()
             return super().send_nowait(channel, data, dest_offset=dest_offset)
 
     async def send(
@@ -82,7 +90,7 @@ class PolledEndpoint(Endpoint):
             try:
                 descriptor = self.send_nowait(channel, data, dest_offset=dest_offset)
             except trio.WouldBlock:
-                await self.ni.idle_wait()
+                await self.polled_ni.idle_wait()
             else:
                 break
         await trio.lowlevel.cancel_shielded_checkpoint()
@@ -96,7 +104,7 @@ class PolledEndpoint(Endpoint):
         if message is not None:
             await trio.lowlevel.cancel_shielded_checkpoint()
             return message
-        ni = self.ni
+        ni = self.polled_ni
         deadline = time.perf_counter() + ni.spin_time if ni.spin_time else 0.0
         spins = 0
         while message is None:

@@ -83,7 +83,7 @@ def _peer_poll(endpoint: ShmEndpoint, channel: int, spec: PeerSpec) -> None:
     """Busy-poll loop: the fastest receive model (paper 000 §3.1 polling); a ``source`` in
     mode ``many`` sends with ``send_many``."""
     poll, send = endpoint.poll, endpoint.send_nowait
-    link = endpoint.ni.link(endpoint, channel)
+    link = endpoint.shm_ni.link(endpoint, channel)
     spins = 0
 
     def idle() -> None:
@@ -109,7 +109,7 @@ def _peer_poll(endpoint: ShmEndpoint, channel: int, spec: PeerSpec) -> None:
                 except trio.WouldBlock:
                     idle()
         while endpoint.send_queue:
-            endpoint.ni.progress()
+            endpoint.shm_ni.progress()
             idle()
         while poll() is None:  # wait for the receiver's acknowledgment before closing
             idle()

@@ -10,32 +10,59 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 import trio
 
+from stacklib.compiled import mypyc_attr
 from stacklib.errors import PeerGone, SegmentError
 from stacklib.transports.shm.link import ShmLink
-from stacklib.transports.shm.ring import WRITTEN_WAKE
-from stacklib.unet.endpoint import Endpoint, Message
+from stacklib.transports.shm.ring import WRITTEN_WAKE, Ring
+from stacklib.unet.endpoint import Endpoint, EndpointConfig, Message
 from stacklib.unet.polled import relax as relax
 from stacklib.wire.descriptor import DescriptorStatus, Fragment, SendDescriptor
 
 if TYPE_CHECKING:
     from stacklib.transports.shm.ni import ShmNI
+    from stacklib.unet.ni import NetworkInterface
+    from stacklib.unet.os_service import OSService, Principal
+
+_INJECTED = DescriptorStatus.INJECTED
+_POSTED = DescriptorStatus.POSTED
+
+#: A :meth:`ShmEndpoint.send` or :meth:`ShmEndpoint.recv` that did not wait yields to other
+#: trio tasks once in this many calls (it is a cancellation point every time).
+YIELD_EVERY = 16
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ShmEndpoint(Endpoint):
     """An endpoint whose receive and send calls run the NI (there is no NI processor)."""
 
-    ni: ShmNI
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(
+        self,
+        *,
+        port: int,
+        owner: Principal,
+        ni: NetworkInterface,
+        os_service: OSService,
+        config: EndpointConfig,
+    ) -> None:
+        # The arguments spelt out: mypyc's compiled ``**kwargs`` forwarding to a compiled
+        # base class mixes them up.
+        super().__init__(port=port, owner=owner, ni=ni, os_service=os_service, config=config)
+        # ``self.ni``, typed: a compiled subclass may not narrow the type of an inherited
+        # attribute (stacklib/compiled.py), so the shm NI has a name of its own.
+        #: This endpoint's NI (the OS service creates a ShmEndpoint for a ShmNI only).
+        self.shm_ni: ShmNI = cast("ShmNI", self.ni)
         #: (link, channel id) of each channel, in the order the fast poll scans them.
         self._rx_links: list[tuple[ShmLink, int]] = []
         #: More than one channel to scan, so the fast poll takes them in turn.
         self._rotate = False
+        #: The ring whose record :meth:`poll_view` lent out, freed by the next receive call.
+        self._held: Ring | None = None
+        #: Calls of :meth:`send` and :meth:`recv` since one last yielded to other tasks.
+        self._unyielded = 0
 
     def add_rx_link(self, link: ShmLink, channel: int) -> None:
         """Scan ``link``'s receive ring for ``channel`` in the fast poll (the NI calls this
@@ -45,6 +72,9 @@ class ShmEndpoint(Endpoint):
 
     def remove_rx_link(self, channel: int) -> None:
         """Stop scanning ``channel``'s ring (the NI calls this when it unregisters it)."""
+        for link, id_ in self._rx_links:
+            if id_ == channel and link.rx is self._held:
+                self.release_view()
         self._rx_links[:] = [entry for entry in self._rx_links if entry[1] != channel]
         self._rotate = len(self._rx_links) > 1
 
@@ -57,7 +87,10 @@ class ShmEndpoint(Endpoint):
         """
         if not isinstance(buffer, tuple) or len(buffer) != 2:
             raise SegmentError(f"{self!r}: a free buffer is an (offset, length) Fragment")
-        offset, length = buffer
+        # Unpacked as objects: compiled, unpacking a Fragment would check for ints itself and
+        # raise TypeError instead of the SegmentError promised here.
+        fields: tuple[object, ...] = tuple(buffer)
+        offset, length = fields
         segment = self.segment
         if type(offset) is not int or type(length) is not int or length <= 0:
             raise SegmentError(
@@ -78,9 +111,11 @@ class ShmEndpoint(Endpoint):
         peer's ring into the returned bytes: the ring record is the receive buffer.  Otherwise
         the NI runs (:meth:`ShmNI.progress`) and the generic descriptor path applies.
         """
+        if self._held is not None:
+            self.release_view()
         if self.recv_queue or self._upcalls or self._upcall_error is not None or self.closed:
             if not self.recv_queue:
-                self.ni.progress()
+                self.shm_ni.progress()
             return super().poll()
         links = self._rx_links
         for index, (link, channel) in enumerate(links):
@@ -89,7 +124,7 @@ class ShmEndpoint(Endpoint):
             data = ring.take()  # one call: check, copy and free the record
             if data is None:
                 if ring.corrupt != corrupt:
-                    self.ni.ring_broken(link, ring, self)
+                    self.shm_ni.ring_broken(link, ring, self)
                 continue
             # (take() woke a producer waiting for room.)
             if self._rotate:  # round robin, so one busy channel cannot starve the others
@@ -97,39 +132,137 @@ class ShmEndpoint(Endpoint):
             length = len(data)
             self.received += 1
             self.received_bytes += length
-            ni = self.ni
+            ni = self.shm_ni
             ni.received += 1
             ni.received_bytes += length
             return Message(channel, data)
-        if self.ni.tx_blocked:
-            self.ni.progress()
+        if self.shm_ni.tx_blocked:
+            self.shm_ni.progress()
         return None
+
+    def poll_into(self, buffer: bytearray | memoryview) -> tuple[int, int] | None:
+        """Copy the next message into ``buffer``: (channel, length), or None.
+
+        One copy, from the peer's ring straight into ``buffer`` (a receive-into for bulk data:
+        reuse one buffer, as MPI's ``Recv`` does).  A message longer than ``buffer`` stays where
+        it is and raises ``ValueError`` naming both lengths.  With messages queued by the NI
+        (upcalls, a full receive queue) the next queued one is copied instead.
+        """
+        if self._held is not None:
+            self.release_view()
+        if self.recv_queue or self._upcalls or self._upcall_error is not None or self.closed:
+            message = self.poll()
+            if message is None:
+                return None
+            length = len(message.data)
+            if length > len(buffer):
+                raise ValueError(
+                    f"a message of {length} bytes does not fit a {len(buffer)}-byte buffer"
+                )
+            with memoryview(buffer) as target:
+                target[:length] = message.data
+            return message.channel, length
+        links = self._rx_links
+        for index, (link, channel) in enumerate(links):
+            ring = link.rx
+            corrupt = ring.corrupt
+            taken = ring.take_into(buffer)
+            if taken is None:
+                if ring.corrupt != corrupt:
+                    self.shm_ni.ring_broken(link, ring, self)
+                continue
+            if self._rotate:
+                links.append(links.pop(index))
+            self._count_received(taken)
+            return channel, taken
+        if self.shm_ni.tx_blocked:
+            self.shm_ni.progress()
+        return None
+
+    def poll_view(self) -> tuple[int, memoryview] | None:
+        """The next message without a copy: (channel, read-only view of its ring record), or
+        None.
+
+        The record stays this endpoint's until the next receive call on it (:meth:`poll`,
+        :meth:`poll_into`, :meth:`poll_view`, :meth:`recv_many`, :meth:`recv`),
+        :meth:`release_view` or :meth:`close`, which free it and release the view: using it
+        after that raises ``ValueError``.  Slices taken from the view are the caller's to drop
+        by then (the ring reuses those bytes).  The peer can still write into its ring, so copy
+        out what you check before trusting it.  With messages queued by the NI (upcalls, a full
+        receive queue) the next queued one is returned as a view of its bytes.
+        """
+        if self._held is not None:
+            self.release_view()
+        if self.recv_queue or self._upcalls or self._upcall_error is not None or self.closed:
+            message = self.poll()
+            return None if message is None else (message.channel, memoryview(message.data))
+        links = self._rx_links
+        for index, (link, channel) in enumerate(links):
+            ring = link.rx
+            corrupt = ring.corrupt
+            view = ring.hold()
+            if view is None:
+                if ring.corrupt != corrupt:
+                    self.shm_ni.ring_broken(link, ring, self)
+                continue
+            self._held = ring
+            if self._rotate:
+                links.append(links.pop(index))
+            self._count_received(len(view))
+            return channel, view
+        if self.shm_ni.tx_blocked:
+            self.shm_ni.progress()
+        return None
+
+    def release_view(self) -> None:
+        """Free the record :meth:`poll_view` lent out and release its view (no-op without
+        one); the next receive call does this itself."""
+        ring = self._held
+        if ring is not None:
+            self._held = None
+            ring.release_held()
+
+    def _count_received(self, length: int) -> None:
+        self.received += 1
+        self.received_bytes += length
+        ni = self.shm_ni
+        ni.received += 1
+        ni.received_bytes += length
 
     def send_nowait(
         self, channel: int, data: bytes | bytearray | memoryview, *, dest_offset: int | None = None
     ) -> SendDescriptor:
         """Send now or raise :class:`trio.WouldBlock`.
 
-        Fast path: a small message with nothing queued before it goes straight into the peer's
-        ring; the descriptor is returned already injected.
+        Fast path: with nothing queued before it, a small message, or ``bytes`` of any size up
+        to the NI's ``max_message``, goes straight from ``data`` into the peer's ring (one
+        copy: bulk data skips the segment); the descriptor is returned already injected, its
+        ``inline`` the caller's own ``bytes`` object.  (:meth:`send_many` does the same for
+        any buffer type.)
         """
         length = len(data)
-        if length <= self.ni.inline_threshold and dest_offset is None and not self.send_queue:
+        if (
+            (length <= self.shm_ni.inline_threshold or type(data) is bytes)
+            and dest_offset is None
+            and not self.send_queue
+        ):
             entry = self.channels.get(channel)
             if entry is not None and not self.closed:
                 link: ShmLink = entry.tx_tag  # type: ignore[assignment]
-                written = link.failed is None and link.tx.try_write(data)
+                ring = link.tx
+                written = (
+                    link.failed is None and length <= ring.max_message and ring.try_write(data)
+                )
                 if written is None:  # the peer broke the ring: PeerGone just below
-                    self.ni.ring_broken(link, link.tx)
+                    self.shm_ni.ring_broken(link, link.tx)
                 elif written:
-                    ni = self.ni
+                    ni = self.shm_ni
                     if written == WRITTEN_WAKE:
                         ni.wakeups_sent += 1
                         link.wake_peer()
                     inline = data if type(data) is bytes else bytes(data)
-                    descriptor = SendDescriptor(
-                        channel, inline=inline, status=DescriptorStatus.INJECTED
-                    )
+                    # Positional: a keyword call builds a dict per message.
+                    descriptor = SendDescriptor(channel, (), inline, None, _INJECTED)
                     self.sent += 1
                     self.sent_bytes += length
                     ni.sent += 1
@@ -139,7 +272,7 @@ class ShmEndpoint(Endpoint):
         try:
             return super().send_nowait(channel, data, dest_offset=dest_offset)
         except trio.WouldBlock:
-            self.ni.progress()
+            self.shm_ni.progress()
             return super().send_nowait(channel, data, dest_offset=dest_offset)
 
     def send_many(self, channel: int, messages: Iterable[bytes | bytearray | memoryview]) -> int:
@@ -155,13 +288,13 @@ class ShmEndpoint(Endpoint):
         ring = link.tx
         written = ring.write_many(batch)
         if written is None:  # the peer broke the ring
-            self.ni.ring_broken(link, ring)
+            self.shm_ni.ring_broken(link, ring)
             self._raise_if_failed(channel)
             return 0
         taken, nbytes = written
         if taken < len(batch):
             ring.set_producer_waiting(True)  # the consumer wakes us when it made room
-        ni = self.ni
+        ni = self.shm_ni
         if taken:
             if ring.consumer_sleeping:
                 ni.wakeups_sent += 1
@@ -176,15 +309,17 @@ class ShmEndpoint(Endpoint):
         """:meth:`Endpoint.recv_many` (same contract) in one pass: with nothing queued and no
         upcalls, each channel's ring gives up its messages with one head update and one check
         for a waiting producer; channels take turns as in :meth:`poll`."""
+        if self._held is not None:
+            self.release_view()
         if self.recv_queue or self._upcalls or self._upcall_error is not None or self.closed:
             if not self.recv_queue and not self.closed:
-                self.ni.progress()
+                self.shm_ni.progress()
             return super().recv_many(limit)
         if limit < 1:
             raise ValueError(f"recv_many: limit must be at least 1, got {limit}")
         out: list[Message] = []
         links = self._rx_links
-        ni = self.ni
+        ni = self.shm_ni
         for index, (link, channel) in enumerate(links):
             ring = link.rx
             if not ring.pending:
@@ -214,32 +349,89 @@ class ShmEndpoint(Endpoint):
     async def send(
         self, channel: int, data: bytes | bytearray | memoryview, *, dest_offset: int | None = None
     ) -> SendDescriptor:
+        """Send, waiting while the ring is full: spin ``spin_time`` seconds with checkpoints,
+        then sleep; return once the message is in the peer's ring.
+
+        Always a cancellation point.  A message queued behind a full ring is waited for until
+        this process's NI has put it into the ring (the NI has no processor: a sender that
+        returned could leave it queued with no one to push it); cancelled during that wait,
+        the message stays queued and goes out when the NI next runs.  A send that did not
+        wait yields to other tasks only every :data:`YIELD_EVERY` calls, as :meth:`recv`
+        does.
+        """
         await trio.lowlevel.checkpoint_if_cancelled()
-        deadline = 0.0
+        ni = self.shm_ni
+        deadline = 0.0  # set once the send queue was full: this call waited
         while True:
             try:
                 descriptor = self.send_nowait(channel, data, dest_offset=dest_offset)
             except trio.WouldBlock:
                 now = time.perf_counter()
                 if not deadline:
-                    deadline = now + self.ni.spin_time
+                    deadline = now + ni.spin_time
                 if now < deadline:
                     await trio.lowlevel.checkpoint()
                 else:
-                    await self.ni.idle_wait()
+                    await ni.idle_wait()
             else:
                 break
+        if descriptor.status is _POSTED:
+            await self._injected(channel, descriptor)
+        elif deadline:
+            self._unyielded = 0
+        else:
+            self._unyielded += 1
+            if self._unyielded < YIELD_EVERY:
+                return descriptor
+            self._unyielded = 0
         await trio.lowlevel.cancel_shielded_checkpoint()
         return descriptor
 
+    async def _injected(self, channel: int, descriptor: SendDescriptor) -> None:
+        """Wait until this process's NI has put the queued ``descriptor`` into the ring."""
+        ni = self.shm_ni
+        self._unyielded = 0
+        deadline = time.perf_counter() + ni.spin_time
+        while True:
+            ni.progress()
+            if descriptor.status is not _POSTED:
+                return
+            self._raise_if_failed(channel)
+            self.check_open()
+            if time.perf_counter() < deadline:
+                await trio.lowlevel.checkpoint()
+            else:
+                await ni.idle_wait()
+
     async def recv(self) -> Message:
-        """Wait for a message: spin ``spin_time`` seconds with checkpoints, then sleep."""
+        """Wait for a message: poll without yielding for ``hot_spin`` seconds (a reply on a
+        busy channel comes sooner than a trio scheduler pass takes), then spin ``spin_time``
+        seconds with checkpoints, then sleep.
+
+        Always a cancellation point.  A call that did not wait yields to other tasks only every
+        :data:`YIELD_EVERY` calls: a scheduler pass costs several microseconds, as much as
+        the whole round trip over shm, so yielding on every message would make the ``await``
+        face several times slower than polling.  Other tasks wait at most ``hot_spin`` plus
+        that many messages' work.
+        """
         await trio.lowlevel.checkpoint_if_cancelled()
-        message = self.poll()
+        poll = self.poll
+        ni = self.shm_ni
+        message = poll()
+        if message is None:
+            now = time.perf_counter
+            hot = now() + ni.hot_spin
+            spins = 0
+            while (message := poll()) is None and now() < hot:
+                spins += 1
+                relax(spins)  # a peer sharing this CPU runs now, not after our time slice
         if message is not None:
-            await trio.lowlevel.cancel_shielded_checkpoint()
+            self._unyielded += 1
+            if self._unyielded >= YIELD_EVERY:
+                self._unyielded = 0
+                await trio.lowlevel.cancel_shielded_checkpoint()
             return message
-        ni = self.ni
+        self._unyielded = 0
         deadline = time.perf_counter() + ni.spin_time
         while True:
             self.check_open()
@@ -248,7 +440,7 @@ class ShmEndpoint(Endpoint):
             else:
                 await ni.idle_wait()
                 self._raise_if_failed(None)
-            message = self.poll()
+            message = poll()
             if message is not None:
                 return message
 

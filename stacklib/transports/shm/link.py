@@ -174,8 +174,8 @@ class ShmLink:
             if fd is not None:
                 os.close(fd)
         self._pidfd = self._peer_wake = None
-        self.tx.data.release()
-        self.rx.data.release()
+        self.tx.release_views()
+        self.rx.release_views()
         self._words.release()
         self._view.release()
         with contextlib.suppress(BufferError):  # a view still alive: the mapping goes with it

@@ -16,6 +16,9 @@ from stacklib.unet.os_service import OSService, Policy
 #: Seconds a blocking call polls before it sleeps (a wake-up across CPUs costs 27-65 us on
 #: these machines, so spinning about that long first is cheaper on a busy channel).
 SPIN_TIME = 50e-6
+#: Seconds ``await recv()`` polls without yielding to other tasks first: longer than a round
+#: trip on a busy channel (a few microseconds), short enough not to starve other tasks.
+HOT_SPIN = 20e-6
 
 
 class ShmNetwork:
@@ -39,19 +42,22 @@ class ShmNetwork:
         inline_threshold: int = 64,
         alignment: int = 8,
         spin_time: float = SPIN_TIME,
+        hot_spin: float = HOT_SPIN,
         max_sleep: float = 0.02,
         broker: ChannelBroker | None = None,
     ) -> None:
         self.world = world if world is not None else RealWorld()
         if self.world.virtual:
             raise ValueError("the shm transport runs in real time only")
-        if spin_time < 0 or max_sleep <= 0:
-            raise ValueError("spin_time must be >= 0 and max_sleep > 0")
+        if spin_time < 0 or hot_spin < 0 or max_sleep <= 0:
+            raise ValueError("spin_time and hot_spin must be >= 0 and max_sleep > 0")
         self.spec = RegionSpec(ring_bytes, max_message)
         self.inline_threshold = inline_threshold
         self.alignment = alignment
         #: Seconds a blocking call polls before it sleeps (:data:`SPIN_TIME`).
         self.spin_time = spin_time
+        #: Seconds ``await recv()`` polls without yielding first (:data:`HOT_SPIN`).
+        self.hot_spin = hot_spin
         #: Longest sleep before re-checking rings and peers (bounds a lost wake-up).
         self.max_sleep = max_sleep
         self.owns_directory = directory is None

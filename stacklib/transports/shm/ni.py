@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from stacklib.compiled import mypyc_attr
 from stacklib.errors import ChannelError
 from stacklib.sim import Host
 from stacklib.transports.shm.endpoint import ShmEndpoint
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from stacklib.transports.shm.network import ShmNetwork
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ShmNI(PolledNI):
     """The NI of one node (usually one process) on a :class:`ShmNetwork`.
 
@@ -41,6 +43,7 @@ class ShmNI(PolledNI):
     """
 
     kind = "shm"
+    endpoint_class = ShmEndpoint
 
     def __init__(self, name: str, host: Host, network: ShmNetwork) -> None:
         super().__init__(
@@ -53,6 +56,8 @@ class ShmNI(PolledNI):
         )
         self.network = network
         self.spin_time = network.spin_time
+        #: Seconds ``await recv()`` polls without yielding before it spins with checkpoints.
+        self.hot_spin = network.hot_spin
         self.max_sleep = network.max_sleep
         self._links: dict[Hashable, ShmLink] = {}
         self._link_list: list[ShmLink] = []
@@ -288,6 +293,3 @@ def _room(endpoint: Endpoint, length: int) -> bool:
         if total >= length:
             return True
     return False
-
-
-ShmNI.endpoint_class = ShmEndpoint

@@ -55,11 +55,13 @@ class Ring:
         "_cached_head",
         "_head",
         "_tail",
+        "_u32",
         "_words",
         "capacity",
         "corrupt",
         "data",
         "error",
+        "held",
         "max_message",
         "wake_producer",
     )
@@ -71,6 +73,10 @@ class Ring:
         self._words = words
         self._base = base
         self.data = data
+        # Record headers read and written as two 32-bit words (offsets are 16-byte aligned):
+        # two indexings cost less than a Struct call and its tuple.  Native order, which is
+        # RECORD_HEADER's little-endian on x86-64 (see the module's note on ordering).
+        self._u32 = data.cast("I")
         self.capacity = capacity
         self.max_message = max_message
         #: Times the peer broke the ring (a broken ring is cut off, so at most once).
@@ -80,6 +86,8 @@ class Ring:
         #: Called by :meth:`take` when it made room for a producer that waits (the link sets
         #: it to its wake-up of the peer).
         self.wake_producer: Callable[[], object] | None = None
+        #: The view :meth:`hold` handed out, its record not yet freed (see :meth:`hold`).
+        self.held: memoryview | None = None
         self._tail = self._head = self._cached_head = 0
         # Counters found in the region when this side attaches come from shared memory too.
         tail = words[base + _TAIL]
@@ -115,13 +123,15 @@ class Ring:
             self._cached_head = head
             if tail + need - head > capacity:
                 return 0
-        data = self.data
+        u32 = self._u32
         if size > to_end:
-            RECORD_HEADER.pack_into(data, offset, to_end, KIND_PAD)
+            u32[offset >> 2] = to_end
+            u32[(offset >> 2) + 1] = KIND_PAD
             tail += to_end
             offset = 0
-        RECORD_HEADER.pack_into(data, offset, n, KIND_MESSAGE)
-        data[offset + 8 : offset + 8 + n] = payload
+        u32[offset >> 2] = n
+        u32[(offset >> 2) + 1] = KIND_MESSAGE
+        self.data[offset + 8 : offset + 8 + n] = payload
         tail += size
         self._tail = tail
         # Published after the record: x86-64 keeps the two stores in this order.
@@ -138,7 +148,7 @@ class Ring:
         capacity = self.capacity
         room = self._cached_head + capacity  # the tail may advance up to here
         data = self.data
-        pack = RECORD_HEADER.pack_into
+        u32 = self._u32
         count = nbytes = 0
         for payload in messages:
             n = len(payload)
@@ -158,10 +168,12 @@ class Ring:
                 if tail + need > room:
                     break
             if size > to_end:
-                pack(data, offset, to_end, KIND_PAD)
+                u32[offset >> 2] = to_end
+                u32[(offset >> 2) + 1] = KIND_PAD
                 tail += to_end
                 offset = 0
-            pack(data, offset, n, KIND_MESSAGE)
+            u32[offset >> 2] = n
+            u32[(offset >> 2) + 1] = KIND_MESSAGE
             data[offset + 8 : offset + 8 + n] = payload
             tail += size
             count += 1
@@ -187,6 +199,8 @@ class Ring:
         ring (:meth:`_break`), which then reads as empty: record boundaries can no longer be
         trusted.
         """
+        if self.held is not None:
+            self.release_held()
         head = self._head
         words = self._words
         base = self._base
@@ -199,7 +213,9 @@ class Ring:
                 self._break(f"the producer published tail {tail} (head {head})")
                 return None
             offset = head % capacity
-            length, kind = RECORD_HEADER.unpack_from(self.data, offset)
+            u32 = self._u32
+            length = u32[offset >> 2]
+            kind = u32[(offset >> 2) + 1]
             if kind == KIND_PAD:
                 if length != capacity - offset or length > avail:
                     self._break(f"a pad record of length {length} at offset {offset}")
@@ -224,6 +240,8 @@ class Ring:
         """A copy of the next message, its record freed at once, or None: :meth:`peek`, the
         copy and :meth:`release` in one call (the single-message receive path).  A producer
         waiting for room has its flag cleared and is woken through :attr:`wake_producer`."""
+        if self.held is not None:
+            self.release_held()
         head = self._head
         words = self._words
         base = self._base
@@ -235,9 +253,10 @@ class Ring:
         if avail < 0 or avail > capacity or avail % ALIGN:
             self._break(f"the producer published tail {tail} (head {head})")
             return None
-        data = self.data
+        u32 = self._u32
         offset = head % capacity
-        length, kind = RECORD_HEADER.unpack_from(data, offset)
+        length = u32[offset >> 2]
+        kind = u32[(offset >> 2) + 1]
         if kind == KIND_PAD:
             if length != capacity - offset or length > avail:
                 self._break(f"a pad record of length {length} at offset {offset}")
@@ -249,7 +268,8 @@ class Ring:
                 words[base + _HEAD] = head
                 return None
             offset = 0
-            length, kind = RECORD_HEADER.unpack_from(data, 0)
+            length = u32[0]
+            kind = u32[1]
         size = (length + 8 + ALIGN - 1) & ~(ALIGN - 1)
         if (
             kind != KIND_MESSAGE
@@ -259,7 +279,7 @@ class Ring:
         ):
             self._break(f"a record of kind {kind} and length {length} at offset {offset}")
             return None
-        message = bytes(data[offset + 8 : offset + 8 + length])
+        message = bytes(self.data[offset + 8 : offset + 8 + length])
         head += size
         self._head = head
         words[base + _HEAD] = head
@@ -273,6 +293,8 @@ class Ring:
         """Copies of up to ``limit`` waiting messages and their total bytes, freeing their
         records with one head update.  Checks every record as :meth:`peek` does; a bad one
         breaks the ring, and the sound messages before it are still returned."""
+        if self.held is not None:
+            self.release_held()
         out: list[bytes] = []
         head = self._head
         words = self._words
@@ -286,14 +308,15 @@ class Ring:
             self._break(f"the producer published tail {tail} (head {head})")
             return out, 0
         data = self.data
-        unpack = RECORD_HEADER.unpack_from
+        u32 = self._u32
         largest = self.max_message
         append = out.append
         left = limit
         nbytes = 0
         while head != tail and left:
             offset = head % capacity
-            length, kind = unpack(data, offset)
+            length = u32[offset >> 2]
+            kind = u32[(offset >> 2) + 1]
             if kind == KIND_PAD:
                 if length != capacity - offset or length > tail - head:
                     self._break(f"a pad record of length {length} at offset {offset}")
@@ -317,6 +340,60 @@ class Ring:
         words[base + _HEAD] = head
         return out, nbytes
 
+    def take_into(self, buffer: bytearray | memoryview) -> int | None:
+        """Copy the next message into ``buffer`` and free its record: its length, or None
+        (empty or broken).  One copy, ring to buffer.  A message longer than ``buffer`` stays
+        in the ring and raises ``ValueError`` naming both lengths."""
+        view = self.peek()
+        if view is None:
+            return None
+        length = len(view)
+        if length > len(buffer):
+            view.release()
+            raise ValueError(
+                f"a message of {length} bytes does not fit a {len(buffer)}-byte buffer"
+            )
+        # Through a memoryview: a bytearray's slice assignment would copy the view first.
+        with memoryview(buffer) as target:
+            target[:length] = view
+        self.release(view)
+        if self._words[self._base + _WAITING]:  # as in take(): we made room
+            self._words[self._base + _WAITING] = 0
+            if self.wake_producer is not None:
+                self.wake_producer()
+        return length
+
+    def hold(self) -> memoryview | None:
+        """The next message as a read-only view of its record, no copy, or None.
+
+        The record stays allocated (the producer cannot reuse it) until :meth:`release_held`,
+        which the next read of this ring (:meth:`take`, :meth:`take_into`, :meth:`read_many`,
+        :meth:`peek`, :meth:`hold`) calls first; the view is released then and raises
+        ``ValueError`` if used later.  Slices taken from the view are not released: they must
+        be dropped by then, as the ring reuses those bytes.  The producer can still write into
+        the shared record, so anything checked must be copied out before it is trusted.
+        """
+        view = self.peek()
+        if view is None:
+            return None
+        held = view.toreadonly()
+        view.release()
+        self.held = held
+        return held
+
+    def release_held(self) -> None:
+        """Free the record of the view :meth:`hold` handed out and release the view (no-op
+        without one); wakes a producer waiting for room, as :meth:`take` does."""
+        held = self.held
+        if held is None:
+            return
+        self.held = None
+        self.release(held)
+        if self._words[self._base + _WAITING]:
+            self._words[self._base + _WAITING] = 0
+            if self.wake_producer is not None:
+                self.wake_producer()
+
     def release(self, view: memoryview) -> None:
         """Free the record :meth:`peek` returned."""
         head = self._head + _align(8 + len(view))
@@ -337,6 +414,13 @@ class Ring:
         self._tail = self._head = 0
         # Far behind any tail: every write takes the checked path, which refuses it.
         self._cached_head = -(1 << 64)
+
+    def release_views(self) -> None:
+        """Release this ring's views of the mapping (its link closes): first a view still
+        lent out by :meth:`hold`, then the record views."""
+        self.release_held()
+        self._u32.release()
+        self.data.release()
 
     @property
     def pending(self) -> bool:
