@@ -27,3 +27,18 @@ def test_bench_real_has_a_splitc_read_row() -> None:
     assert str(row["measurement"]).startswith("Split-C blocking read")
     assert row["unit"] == "us RTT" and float(row["value"]) > 0  # type: ignore[arg-type]
     assert row["met"] == "-"  # judged only against mpi4py (--compare mpi)
+
+
+def test_the_command_offers_every_measurement_and_no_other() -> None:
+    """The parser lists the keys itself (importing the benchmark would slow every command's
+    start), so this keeps the two lists in step."""
+    import argparse
+
+    from stacklib.cli import build_parser
+
+    parser = build_parser(["bench", "real"])
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    bench = commands.choices["bench"]
+    benches = next(a for a in bench._actions if isinstance(a, argparse._SubParsersAction))
+    only = next(a for a in benches.choices["real"]._actions if a.dest == "only")
+    assert tuple(only.choices or ()) == MEASUREMENTS
