@@ -82,11 +82,15 @@ def run_experiments(
     report: list[dict[str, Any]] = []
     results: dict[str, ExperimentResult] = {}
     interrupted: str | None = None
-    with progress.shown("reproduce", len(selected), quiet=quiet) as shown:
-        for experiment in selected:
+    # Each experiment weighs what it is expected to take, so the estimate of the time left
+    # does not treat a one-second experiment like a minute-long one.
+    weights = [_expected_seconds(e, full) for e in selected]
+    with progress.shown("reproduce", sum(weights), quiet=quiet) as shown:
+        for index, (experiment, weight) in enumerate(zip(selected, weights, strict=True)):
+            shown.detail = f"{index}/{len(selected)}"
             start = time.perf_counter()
             try:
-                with shown.step(experiment.name):
+                with shown.step(experiment.name, weight=weight):
                     result = experiment.result(full=full, curves=plots is not None)
             except BaseException as error:
                 if not progress.is_interrupt(error):
@@ -95,7 +99,7 @@ def run_experiments(
                 interrupted = experiment.name
                 break
             wall = time.perf_counter() - start
-            shown.advance()
+            shown.advance(weight)
             results[experiment.name] = result
             if as_json:
                 report.append(json_entry(experiment.name, experiment.title, wall, result))
@@ -124,6 +128,12 @@ def run_experiments(
         print(format_summary(results))
     failures = sum(not f.ok for result in results.values() for f in result.figures)
     return 1 if failures else 0
+
+
+def _expected_seconds(experiment: Experiment, full: bool) -> float:
+    """What ``experiment`` is expected to take (its registered estimate; 1 s unknown)."""
+    expected = experiment.seconds_full if full and experiment.run_full else experiment.seconds
+    return max(expected or 1.0, 0.1)
 
 
 def _select(

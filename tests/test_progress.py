@@ -61,7 +61,9 @@ def test_the_estimate_follows_the_rate() -> None:
         assert "about 0:20 left" in shown.line(clock.now)[0]
 
 
-def test_nested_steps_are_named_and_the_innermost_total_estimates() -> None:
+def test_nested_steps_are_named_and_the_whole_job_estimates() -> None:
+    """The estimate is the outermost total's, counting the done part of the open steps: 1 of 3
+    experiments plus a quarter of the second after a minute is 5/12 of the job."""
     clock = FakeClock()
     shown = _plain(clock)
     with shown.task("reproduce", total=3) as top:
@@ -72,10 +74,32 @@ def test_nested_steps_are_named_and_the_innermost_total_estimates() -> None:
             runs.advance()
             line, fraction = shown.line(clock.now)
             assert line.startswith("reproduce 1/3 > Table 1 runs 1/4; 1:00 elapsed")
-            assert "about 3:00 left" in line
-            assert fraction == 0.25
+            assert "(42% of reproduce), about 1:24 left" in line
+            assert fraction == pytest.approx(5 / 12)
         assert progress.current() is top
     assert progress.current() is NULL_TASK
+
+
+def test_a_weighted_step_counts_for_its_share_of_the_parent() -> None:
+    """An experiment expected to take 8 of the job's 10 seconds, a quarter done: 20%."""
+    clock = FakeClock()
+    shown = _plain(clock)
+    with (
+        shown.task("reproduce", total=10) as top,
+        top.step("long", weight=8),
+        progress.step("points", total=4) as points,
+    ):
+        points.advance()
+        clock.now = 10.0
+        line, fraction = shown.line(clock.now)
+    assert fraction == pytest.approx(0.2)
+    assert "(20% of reproduce), about 0:40 left" in line
+    with (
+        pytest.raises(ValueError, match="weight must be >= 0"),
+        shown.task("bad"),
+        progress.step("negative", weight=-1),
+    ):
+        pass
 
 
 def test_a_followed_sample_sets_the_work_done() -> None:

@@ -78,6 +78,7 @@ class Task:
         "started",
         "total",
         "unit",
+        "weight",
     )
 
     def __init__(
@@ -88,15 +89,21 @@ class Task:
         unit: str,
         parent: Task | None,
         started: float,
+        weight: float = 1.0,
     ) -> None:
         if total is not None and total < 0:
             raise ValueError(f"progress task {name!r}: total must be >= 0, got {total}")
+        if weight < 0:
+            raise ValueError(f"progress task {name!r}: weight must be >= 0, got {weight}")
         self._progress = progress
         self.name = name
         self.total = total
         self.unit = unit
         self.parent = parent
         self.started = started
+        #: The units of the parent's total this task stands for (what the parent advances by
+        #: when it ends), so the parent's estimate counts the part of it already done.
+        self.weight = weight
         self.done = 0.0
         #: Shown after the name instead of ``done/total`` when set (by a sample, say).
         self.detail = ""
@@ -125,12 +132,15 @@ class Task:
                 self.done = float(self._sample())
 
     @contextlib.contextmanager
-    def step(self, name: str, total: float | None = None, unit: str = "") -> Iterator[Task]:
-        """A nested task, shown after this one while the block runs."""
+    def step(
+        self, name: str, total: float | None = None, unit: str = "", weight: float = 1.0
+    ) -> Iterator[Task]:
+        """A nested task, shown after this one while the block runs; ``weight``: the units of
+        this task's total it stands for."""
         if self._progress is None:
             yield NULL_TASK
             return
-        with self._progress.task(name, total, unit) as task:
+        with self._progress.task(name, total, unit, weight) as task:
             yield task
 
 
@@ -276,13 +286,15 @@ class Progress:
     # Tasks
 
     @contextlib.contextmanager
-    def task(self, name: str, total: float | None = None, unit: str = "") -> Iterator[Task]:
+    def task(
+        self, name: str, total: float | None = None, unit: str = "", weight: float = 1.0
+    ) -> Iterator[Task]:
         """Open a task (nested in the innermost open one) for the block; it is the task
         :func:`current` gives while it is the innermost."""
         with self._lock:
             now = self.clock()
             parent = self.tasks[-1] if self.tasks else None
-            task = Task(self, name, total, unit, parent, now)
+            task = Task(self, name, total, unit, parent, now, weight)
             self.tasks.append(task)
             if parent is None:
                 self._start(now)
@@ -345,7 +357,8 @@ class Progress:
             self.lines += 1
 
     def line(self, now: float) -> tuple[str, float | None]:
-        """The report at ``now``: the text, and the fraction of the innermost known total."""
+        """The report at ``now``: the text, and the fraction done of the outermost task with a
+        known total, counting the done part of its open steps (each by its weight)."""
         parts = []
         estimate: Task | None = None
         for task in self.tasks:
@@ -358,7 +371,7 @@ class Progress:
                 text += f" {_number(task.done)}/{_number(task.total)}{unit}"
             elif task.done:
                 text += f" {_number(task.done)}{' ' + task.unit if task.unit else ''}"
-            if task.total:
+            if task.total and estimate is None:
                 estimate = task
             parts.append(text)
         simulated = None if self.tasks[-1].detail else _simulated()
@@ -367,13 +380,24 @@ class Progress:
         line = " > ".join(parts) + f"; {duration(now - self.tasks[0].started)} elapsed"
         fraction = None
         if estimate is not None:
-            fraction = estimate.fraction()
-            assert fraction is not None
+            fraction = self._overall(estimate)
             line += f" ({fraction:.0%} of {estimate.name})"
             spent = now - estimate.started
             if 0 < fraction < 1 and spent > 0:
                 line += f", about {duration(spent * (1 - fraction) / fraction)} left"
         return line, fraction
+
+    def _overall(self, task: Task) -> float:
+        """The fraction of ``task`` done: its own units plus the fraction of its open step
+        times the step's weight.  A step without a total counts as far as its own open step
+        has come (its only measure), an innermost one as not begun."""
+        fraction = 0.0  # of the step below the level being summed
+        weight = 1.0
+        for level in reversed(self.tasks[self.tasks.index(task) :]):
+            if level.total:
+                fraction = min(level.done + weight * fraction, level.total) / level.total
+            weight = level.weight
+        return fraction
 
     def clear(self) -> None:
         """Clear the live line until the next report."""
@@ -427,11 +451,12 @@ def current() -> Task:
 
 
 def step(
-    name: str, total: float | None = None, unit: str = ""
+    name: str, total: float | None = None, unit: str = "", weight: float = 1.0
 ) -> contextlib.AbstractContextManager[Task]:
     """A step nested in the current task for the block (:data:`NULL_TASK` when no progress
-    is shown): what long loops call to report their work units."""
-    return current().step(name, total, unit)
+    is shown): what long loops call to report their work units.  ``weight``: the units of
+    the current task's total this step stands for."""
+    return current().step(name, total, unit, weight)
 
 
 def clear() -> None:
