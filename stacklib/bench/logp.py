@@ -12,6 +12,8 @@ Per message size, with node 0 timing everything on its own clock:
   over those points (§4.1.3, :func:`fit_delays`).
 * ``Or`` the same way at the receiver (Fig 3(c), used for BIP, FM and PM): node 1 streams,
   node 0 computes for ``D`` after each receive, ``g(D) = Or + max(Idle, D)`` (§4.1.4).
+* ``gr``: the receive gap, the steady interval between successive receives of that stream with
+  ``D = 0`` (the receiver's counterpart of ``g``; none for request-reply).
 * ``request_reply`` stacks (AM-style: each request is answered inside the library, so the sender
   also pays for replies): the Fig 3(b) sweep gives ``g(D) = Os + Or + max(Idle, D)``; ``Os`` is
   then timed directly on a burst of ``burst`` sends short enough that no reply arrives during it
@@ -252,6 +254,7 @@ async def _measure(
             or_ = fit.intercept - os_
         else:
             os_ = fit.intercept
+    gr = None
     if not params.request_reply:
         stream = await leader.receive_stream(params.messages, size)
         lost += params.messages - len(stream.recv_times)
@@ -271,6 +274,7 @@ async def _measure(
         "os_us": _us(os_),
         "or_us": _us(or_),
         "g_us": _us(g),
+        "gr_us": _us(gr),
         "l_us": _us(latency),
     }
     return row, lost
@@ -317,6 +321,7 @@ async def logp(
             Column("os_us", "Os", "us", 2),
             Column("or_us", "Or", "us", 2),
             Column("g_us", "g", "us", 2),
+            Column("gr_us", "gr", "us", 2),
             Column("l_us", "L", "us", 2),
         ],
         rows=rows,

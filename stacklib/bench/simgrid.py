@@ -16,6 +16,13 @@ thousands of nodes in SimGrid (https://simgrid.org) from what the measurement fo
   piecewise-linear ``threshold:offset:factor`` lists through the measured points; no cross
   traffic and no TCP window bound, so SimGrid adds nothing of its own.
 
+A node's NI takes its messages one at a time, but SMPI spends a message's L in parallel with
+every other message in flight: a library whose NI does the per-message work (PM, VMMC) would
+come out fast as soon as messages overlap.  The export therefore charges a send max(Os, g) and
+a receive max(Or, gr) (the send and receive gaps, which SMPI spends one after another on each
+rank) and takes the excess out of L, so the round trip is unchanged
+(:attr:`SimGridExport.gaps`).
+
 Negative L (FM at 4 KB, where the receiver's copy overlaps the sender's, paper 004 §4.1.5)
 cannot be a link time: the export gives the link 0 there and folds the deficit into Os and Or,
 each reduced in proportion, so Os + L + Or and the round trip stay the measured ones
@@ -119,6 +126,8 @@ class SimGridExport:
     rtt_half: Mapping[int, float]
     #: Per size whose L was negative: the seconds folded into Os + Or (link time 0 there).
     folded: Mapping[int, float] = attrs.field(factory=dict)
+    #: Per size: the seconds of L charged to Os and Or as the gaps g and gr (their excess).
+    gaps: Mapping[int, float] = attrs.field(factory=dict)
     #: stacklib's facts about the measurement (the method), for the sidecar JSON.
     meta: Mapping[str, str] = attrs.field(factory=dict)
 
@@ -133,6 +142,7 @@ class SimGridExport:
         config.write_text("".join(f"{k}:{v}\n" for k, v in self.options.items()))
         sidecar = {
             "rtt_half": {str(k): v for k, v in self.rtt_half.items()},
+            "gaps_in_overheads": {str(k): v for k, v in self.gaps.items()},
             "folded_into_overheads": {str(k): v for k, v in self.folded.items()},
             **self.meta,
         }
@@ -164,9 +174,17 @@ def _per_byte(lat: Sequence[tuple[int, float]]) -> float:
     return 0.0
 
 
-def export_logp(result: Result, hosts: int = 2, name: str = "stacklib") -> SimGridExport:
+def export_logp(
+    result: Result, hosts: int = 2, name: str = "stacklib", *, gaps: bool = True
+) -> SimGridExport:
     """A SimGrid platform of ``hosts`` hosts and SMPI options from a
-    :func:`stacklib.bench.logp.logp` result (sizes with Os, Or and L all measured)."""
+    :func:`stacklib.bench.logp.logp` result (sizes with Os, Or and L all measured).
+
+    With ``gaps`` (the default), a send costs the sender max(Os, g) and a receive the receiver
+    max(Or, gr) (gr = g where the result has no gr): the NI's per-message work, which LogP puts in
+    L, is then spent one message after another at each node as the NI spends it, and L shrinks
+    by as much, so the round trip stays the measured one (:attr:`SimGridExport.gaps` lists
+    what moved).  ``gaps=False`` exports Os and Or as measured."""
     if hosts < 2:
         raise ValueError(f"a platform needs at least two hosts, not {hosts}")
     os_all, or_all = _required(result, "os_us"), _required(result, "or_us")
@@ -174,13 +192,26 @@ def export_logp(result: Result, hosts: int = 2, name: str = "stacklib") -> SimGr
     sizes = sorted(set(os_all) & set(or_all) & set(lat_all))
     if len(sizes) < 2:
         raise ValueError("exporting the link needs Os, Or and L at two sizes at least")
+    send_gap = _column(result, "g_us") if gaps else {}
+    recv_gap = _column(result, "gr_us") if gaps else {}
     os_: dict[int, float] = {}
     or_: dict[int, float] = {}
     folded: dict[int, float] = {}
+    moved: dict[int, float] = {}
     link: dict[int, float] = {}
     for s in sizes:
         # Or can come out a rounding error below 0 (VMMC's is 0).
         o_s, o_r, lat = max(os_all[s], 0.0), max(or_all[s], 0.0), lat_all[s]
+        # A node's NI takes its messages one at a time (paper 004 §4.1.2: g is the NI's
+        # per-message time where it exceeds the host's); SMPI spends L in parallel for every
+        # message in flight, and a rank's Os and Or one after another.
+        # LogP's one g bounds receptions too where no receive gap was measured (request-reply).
+        g_s = max(send_gap.get(s, 0.0), o_s)
+        g_r = max(recv_gap.get(s, send_gap.get(s, 0.0)), o_r)
+        if g_s + g_r > o_s + o_r:
+            moved[s] = g_s + g_r - o_s - o_r
+            lat -= moved[s]
+            o_s, o_r = g_s, g_r
         if lat < 0.0:
             # Fold the overlap into the overheads, in proportion, keeping Os + L + Or.
             share = o_s / (o_s + o_r) if o_s + o_r > 0 else 0.5
@@ -221,6 +252,8 @@ def export_logp(result: Result, hosts: int = 2, name: str = "stacklib") -> SimGr
         f"\n  <!-- stacklib: L at {s} B was {-f / US:.3f} us, folded into Os and Or -->"
         for s, f in folded.items()
     )
+    if moved:
+        notes += "\n  <!-- stacklib: Os = max(Os, g), Or = max(Or, gr), L reduced by as much -->"
     platform = (
         "<?xml version='1.0'?>\n"
         '<!DOCTYPE platform SYSTEM "https://simgrid.org/simgrid.dtd">\n'
@@ -232,4 +265,4 @@ def export_logp(result: Result, hosts: int = 2, name: str = "stacklib") -> SimGr
         "</platform>\n"
     )
     rtt = {s: v for s, v in _column(result, "rtt_half_us").items() if s in link}
-    return SimGridExport(platform, config, rtt, folded, meta)
+    return SimGridExport(platform, config, rtt, folded, moved, meta)

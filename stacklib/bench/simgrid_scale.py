@@ -82,6 +82,8 @@ def bench_simgrid(
             "library": library,
             "pingpong_sizes": ",".join(map(str, sorted(export.rtt_half))),
             "pingpong_max_deviation": worst,
+            "gaps_in_overheads_us": ",".join(f"{s}:{v * 1e6:.3f}" for s, v in export.gaps.items())
+            or "none",
             "folded_into_overheads_us": ",".join(
                 f"{s}:{v * 1e6:.3f}" for s, v in export.folded.items()
             )

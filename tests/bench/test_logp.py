@@ -48,6 +48,8 @@ def test_recovers_overheads_latency_and_gap(os_us: float, or_us: float, l_us: fl
         # Raw U-Net does no flow control, so the sender's steady interval is its overhead
         # even when the receiver is slower (the receiver drops; see messages_lost).
         assert number(row, "g_us") == pytest.approx(os_us, rel=0.02)
+        # The receive stream's steady interval: the slower of sender and receiver.
+        assert number(row, "gr_us") == pytest.approx(max(os_us, or_us), rel=0.02)
 
 
 def test_receiver_slower_than_sender_loses_messages_but_still_finishes() -> None:
@@ -109,6 +111,7 @@ def test_request_reply_stacks_split_os_from_or_with_a_short_burst() -> None:
         assert number(row, "or_us") == pytest.approx(or_us, rel=0.02)
         # Every request's reply costs the sender Or too: g = Os + Or.
         assert number(row, "g_us") == pytest.approx(os_us + or_us, rel=0.02)
+        assert row["gr_us"] is None  # no receive stream for request-reply
 
 
 def test_same_seed_gives_identical_rows() -> None:
