@@ -60,8 +60,8 @@ if TYPE_CHECKING:
 #: profile defines them and the NI does not model them itself: the host-side work of a send
 #: (copy in, push the descriptor) and of a receive (poll, copy out).  See
 #: NetworkInterface.host_send_cost.
-SEND_OP = "unet.send"
-RECV_OP = "unet.recv"
+SEND_OP: Final = "unet.send"
+RECV_OP: Final = "unet.recv"
 
 
 class UpcallCondition(enum.Enum):

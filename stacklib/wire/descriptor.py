@@ -83,7 +83,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, NoReturn
 
 import attrs
 import construct
@@ -202,10 +202,10 @@ class DescriptorFormatError(FormatError):
     contradict each other, or an unknown enum value."""
 
 
-HEADER_SIZE = 16  #: bytes in a send or receive descriptor header
-FRAGMENT_SIZE = 8  #: bytes per fragment, and in a free descriptor
-NO_OFFSET = 0xFFFFFFFF  #: ``dest_offset`` field value meaning "none" (base-level U-Net)
-MAX_FRAGMENTS = 255  #: nfrags is one byte
+HEADER_SIZE: Final = 16  #: bytes in a send or receive descriptor header
+FRAGMENT_SIZE: Final = 8  #: bytes per fragment, and in a free descriptor
+NO_OFFSET: Final = 0xFFFFFFFF  #: ``dest_offset`` field value meaning "none" (base-level U-Net)
+MAX_FRAGMENTS: Final = 255  #: nfrags is one byte
 
 FRAGMENT_FORMAT = construct.Struct(
     "offset" / construct.Int32ub,
@@ -273,11 +273,11 @@ RECV_HEADER_CODEC = derive_codec(RECV_HEADER_FORMAT, DescriptorFormatError)
 FRAGMENT_CODEC = derive_codec(FRAGMENT_FORMAT, DescriptorFormatError)
 """Fields: offset, length."""
 
-_SEND_ERRORS = {e.value: e for e in SendError}
-_RECV_KINDS = {k.value: k for k in RecvKind}
-_INJECTED = DescriptorStatus.INJECTED
-_ERROR = DescriptorStatus.ERROR
-_INLINE = RecvKind.INLINE
+_SEND_ERRORS: Final = {e.value: e for e in SendError}
+_RECV_KINDS: Final = {k.value: k for k in RecvKind}
+_INJECTED: Final = DescriptorStatus.INJECTED
+_ERROR: Final = DescriptorStatus.ERROR
+_INLINE: Final = RecvKind.INLINE
 _unpack_send = SEND_HEADER_CODEC.unpack
 _unpack_recv = RECV_HEADER_CODEC.unpack
 _unpack_fragment = FRAGMENT_CODEC.unpack

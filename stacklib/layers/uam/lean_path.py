@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import trio
 import trio.lowlevel
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = ["LeanPath"]
 
-_RETRY = 20e-6  # seconds before the pump offers the endpoint again what it refused
+_RETRY: Final = 20e-6  # seconds before the pump offers the endpoint again what it refused
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)

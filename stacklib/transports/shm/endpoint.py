@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Final, cast
 
 import trio
 
@@ -27,12 +27,12 @@ if TYPE_CHECKING:
     from stacklib.unet.ni import NetworkInterface
     from stacklib.unet.os_service import OSService, Principal
 
-_INJECTED = DescriptorStatus.INJECTED
-_POSTED = DescriptorStatus.POSTED
+_INJECTED: Final = DescriptorStatus.INJECTED
+_POSTED: Final = DescriptorStatus.POSTED
 
 #: A :meth:`ShmEndpoint.send` or :meth:`ShmEndpoint.recv` that did not wait yields to other
 #: trio tasks once in this many calls (it is a cancellation point every time).
-YIELD_EVERY = 16
+YIELD_EVERY: Final = 16
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -215,7 +215,8 @@ class ShmEndpoint(Endpoint):
         None.
 
         The record stays this endpoint's until the next receive call on it (:meth:`poll`,
-        :meth:`poll_into`, :meth:`poll_view`, :meth:`recv_many`, :meth:`recv`),
+        :meth:`poll_payload`, :meth:`poll_into`, :meth:`poll_view`, :meth:`recv_many`,
+        :meth:`recv`),
         :meth:`release_view` or :meth:`close`, which free it and release the view: using it
         after that raises ``ValueError``.  Slices taken from the view are the caller's to drop
         by then (the ring reuses those bytes).  The peer can still write into its ring, so copy
