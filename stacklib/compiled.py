@@ -175,7 +175,7 @@ def build(progress: Callable[[str], None] | None = None) -> Path:
         "[mypy]\n"
         + "".join(
             f"[mypy-{name}.*]\nignore_missing_imports = True\n"
-            for name in ("construct", "crcmod", "hypothesis", "matplotlib")
+            for name in ("construct", "crcmod", "hypothesis", "matplotlib", "rich")
         )
     )
     if progress is not None:

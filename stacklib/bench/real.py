@@ -42,7 +42,7 @@ from stacklib.transports.shm import (
     ShmNetwork,
     relax,
 )
-from stacklib.unet import EndpointConfig, Message
+from stacklib.unet import EndpointConfig
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -106,7 +106,8 @@ def shm_pingpong(iterations: int, size: int = 40, mode: str = "poll", warmup: in
             message = bytes(size)
             if mode == "trio":
                 return trio.run(_trio_pingpong, endpoint, channel, message, iterations, warmup)
-            send, poll = endpoint.send_nowait, endpoint.poll
+            # The descriptor-free calls, as the echoing peer uses: raw U-Net at its leanest.
+            send, poll = endpoint.send_payload, endpoint.poll_payload
             spins = 0
             for _ in range(warmup):
                 send(channel, message)
@@ -392,19 +393,20 @@ def _idle(idle: int, peer: BaseProcess, what: str) -> None:
 
 
 def _drain(endpoint: ShmEndpoint, peer: BaseProcess, what: str) -> tuple[float, int]:
-    """(seconds from the first message to the empty one, messages before it) with ``poll``."""
-    poll = endpoint.poll
+    """(seconds from the first message to the empty one, messages before it) with
+    ``poll_payload``."""
+    poll = endpoint.poll_payload
     first = _first(poll, peer, what)
     start = time.perf_counter()
-    received = 1 if isinstance(first, Message) and first.data else 0
+    received = 1 if isinstance(first, tuple) and first[1] else 0
     idle = 0
     while True:
-        message = poll()
-        if message is None:
+        arrival = poll()
+        if arrival is None:
             idle += 1
             _idle(idle, peer, what)
             continue
-        if not message.data:
+        if not arrival[1]:
             return time.perf_counter() - start, received
         received += 1
 

@@ -35,7 +35,7 @@ from collections.abc import (
     Sequence,
 )
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 import trio
@@ -60,8 +60,8 @@ if TYPE_CHECKING:
 #: profile defines them and the NI does not model them itself: the host-side work of a send
 #: (copy in, push the descriptor) and of a receive (poll, copy out).  See
 #: NetworkInterface.host_send_cost.
-SEND_OP = "unet.send"
-RECV_OP = "unet.recv"
+SEND_OP: Final = "unet.send"
+RECV_OP: Final = "unet.recv"
 
 
 class UpcallCondition(enum.Enum):
@@ -146,13 +146,40 @@ class Channel:
     rx_key: Hashable
 
 
-@attrs.frozen(slots=True)
 class Message:
-    """A received message: its channel, its bytes, and where a direct deposit put it."""
+    """A received message: its channel, its bytes, and where a direct deposit put it.
 
-    channel: int
-    data: bytes
-    dest_offset: int | None = None
+    A value: equal to and hashed as another message with the same three fields.  Read-only by
+    contract (the type checker refuses an assignment to a field; nothing checks at run time).
+    A plain class rather than a frozen attrs one because one is built per received message on
+    the real transports' hot paths: a frozen attrs ``__init__`` sets each field through
+    ``object.__setattr__``, and the compiled copy builds this class natively.
+    """
+
+    __slots__ = ("channel", "data", "dest_offset")
+
+    def __init__(self, channel: int, data: bytes, dest_offset: int | None = None) -> None:
+        self.channel: Final = channel
+        self.data: Final = data
+        self.dest_offset: Final = dest_offset
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Message):
+            return NotImplemented
+        return (
+            self.channel == other.channel
+            and self.data == other.data
+            and self.dest_offset == other.dest_offset
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.channel, self.data, self.dest_offset))
+
+    def __repr__(self) -> str:
+        return (
+            f"Message(channel={self.channel!r}, data={self.data!r}, "
+            f"dest_offset={self.dest_offset!r})"
+        )
 
 
 @attrs.frozen
@@ -442,6 +469,23 @@ class Endpoint:
         self._tx_inflight.append((descriptor, buffers))
         return descriptor
 
+    def send_payload(self, channel: int, data: bytes | bytearray | memoryview) -> None:
+        """:meth:`send_nowait` without the descriptor: send ``data`` on ``channel`` now or raise
+        :class:`trio.WouldBlock` (the same errors otherwise).
+
+        For senders that never look at the descriptor: a transport whose fast path injects a
+        message at once (shm) then builds no per-message object.  A message the NI rejects at
+        once (an unknown channel, ...) raises :class:`UNetError` naming the reason, where
+        :meth:`send_nowait` returns the descriptor marked ``ERROR``; one rejected later is
+        counted in :meth:`statistics`' ``send_errors`` only.  This default calls
+        :meth:`send_nowait`.
+        """
+        descriptor = self.send_nowait(channel, data)
+        if descriptor.status is DescriptorStatus.ERROR:
+            raise UNetError(
+                f"{self!r} channel {channel}: the NI rejected the message ({descriptor.error.name})"
+            )
+
     def send_many(self, channel: int, messages: Iterable[bytes | bytearray | memoryview]) -> int:
         """Send ``messages`` on ``channel`` in order, without waiting; returns how many were
         taken.
@@ -533,6 +577,16 @@ class Endpoint:
         if descriptor.fragments:
             self.release(descriptor)
         return Message(descriptor.channel, data, descriptor.dest_offset)
+
+    def poll_payload(self) -> tuple[int, bytes] | None:
+        """:meth:`poll` as a (channel, data) pair instead of a :class:`Message`, or None.
+
+        A direct deposit's ``dest_offset`` is not returned (use :meth:`poll` where it
+        matters).  A transport's fast path (shm) then builds no object but the pair; this
+        default calls :meth:`poll`.
+        """
+        message = self.poll()
+        return None if message is None else (message.channel, message.data)
 
     def recv_many(self, limit: int = 64) -> list[Message]:
         """Up to ``limit`` waiting messages in arrival order, without waiting.

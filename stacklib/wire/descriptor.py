@@ -83,7 +83,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, NoReturn
 
 import attrs
 import construct
@@ -134,20 +134,40 @@ class RecvKind(enum.IntEnum):
     DIRECT = 2  #: deposited at ``dest_offset`` by direct-access U-Net (paper 000 §3.6)
 
 
-@attrs.define(slots=True, eq=False, repr=True)
 class SendDescriptor:
     """A message to send on ``channel``: fragments in the segment, or ``inline`` bytes.
 
     ``dest_offset`` asks a direct-access NI to deposit the data at that offset of the
     destination endpoint's segment (paper 000 §3.6).  The NI writes ``status`` and ``error``.
+    Compared by identity (each descriptor is one queue entry).  A plain class, not an attrs
+    one: a send builds one per message on the hot paths, and the compiled copy builds a plain
+    class natively.
     """
 
-    channel: int
-    fragments: tuple[Fragment, ...] = ()
-    inline: bytes | None = None
-    dest_offset: int | None = None
-    status: DescriptorStatus = DescriptorStatus.POSTED
-    error: SendError = SendError.NONE
+    __slots__ = ("channel", "dest_offset", "error", "fragments", "inline", "status")
+
+    def __init__(
+        self,
+        channel: int,
+        fragments: tuple[Fragment, ...] = (),
+        inline: bytes | None = None,
+        dest_offset: int | None = None,
+        status: DescriptorStatus = DescriptorStatus.POSTED,
+        error: SendError = SendError.NONE,
+    ) -> None:
+        self.channel = channel
+        self.fragments = fragments
+        self.inline = inline
+        self.dest_offset = dest_offset
+        self.status = status
+        self.error = error
+
+    def __repr__(self) -> str:
+        return (
+            f"SendDescriptor(channel={self.channel!r}, fragments={self.fragments!r}, "
+            f"inline={self.inline!r}, dest_offset={self.dest_offset!r}, "
+            f"status={self.status!r}, error={self.error!r})"
+        )
 
     @property
     def length(self) -> int:
@@ -182,10 +202,10 @@ class DescriptorFormatError(FormatError):
     contradict each other, or an unknown enum value."""
 
 
-HEADER_SIZE = 16  #: bytes in a send or receive descriptor header
-FRAGMENT_SIZE = 8  #: bytes per fragment, and in a free descriptor
-NO_OFFSET = 0xFFFFFFFF  #: ``dest_offset`` field value meaning "none" (base-level U-Net)
-MAX_FRAGMENTS = 255  #: nfrags is one byte
+HEADER_SIZE: Final = 16  #: bytes in a send or receive descriptor header
+FRAGMENT_SIZE: Final = 8  #: bytes per fragment, and in a free descriptor
+NO_OFFSET: Final = 0xFFFFFFFF  #: ``dest_offset`` field value meaning "none" (base-level U-Net)
+MAX_FRAGMENTS: Final = 255  #: nfrags is one byte
 
 FRAGMENT_FORMAT = construct.Struct(
     "offset" / construct.Int32ub,
@@ -253,11 +273,11 @@ RECV_HEADER_CODEC = derive_codec(RECV_HEADER_FORMAT, DescriptorFormatError)
 FRAGMENT_CODEC = derive_codec(FRAGMENT_FORMAT, DescriptorFormatError)
 """Fields: offset, length."""
 
-_SEND_ERRORS = {e.value: e for e in SendError}
-_RECV_KINDS = {k.value: k for k in RecvKind}
-_INJECTED = DescriptorStatus.INJECTED
-_ERROR = DescriptorStatus.ERROR
-_INLINE = RecvKind.INLINE
+_SEND_ERRORS: Final = {e.value: e for e in SendError}
+_RECV_KINDS: Final = {k.value: k for k in RecvKind}
+_INJECTED: Final = DescriptorStatus.INJECTED
+_ERROR: Final = DescriptorStatus.ERROR
+_INLINE: Final = RecvKind.INLINE
 _unpack_send = SEND_HEADER_CODEC.unpack
 _unpack_recv = RECV_HEADER_CODEC.unpack
 _unpack_fragment = FRAGMENT_CODEC.unpack
@@ -675,6 +695,13 @@ def free_descriptors() -> SearchStrategy[Fragment]:
     return result
 
 
+def _send_fields(descriptor: SendDescriptor) -> tuple[object, ...]:
+    """A send descriptor's fields in order (it compares by identity; the codec's round trip
+    compares by value)."""
+    d = descriptor
+    return (d.channel, d.fragments, d.inline, d.dest_offset, d.status, d.error)
+
+
 registry.register(
     "unet-send-desc",
     parse_send_reference,
@@ -683,7 +710,7 @@ registry.register(
     build=build_send,
     strategy=send_descriptors,
     error=DescriptorFormatError,
-    equal=lambda a, b: attrs.astuple(a, recurse=False) == attrs.astuple(b, recurse=False),
+    equal=lambda a, b: _send_fields(a) == _send_fields(b),
 )
 registry.register(
     "unet-recv-desc",

@@ -81,8 +81,9 @@ def peer_main(spec: PeerSpec) -> None:
 
 def _peer_poll(endpoint: ShmEndpoint, channel: int, spec: PeerSpec) -> None:
     """Busy-poll loop: the fastest receive model (paper 000 §3.1 polling); a ``source`` in
-    mode ``many`` sends with ``send_many``."""
-    poll, send = endpoint.poll, endpoint.send_nowait
+    mode ``many`` sends with ``send_many``.  The descriptor-free calls (``poll_payload``,
+    ``send_payload``): no per-message object but the (channel, data) pair."""
+    poll, send = endpoint.poll_payload, endpoint.send_payload
     link = endpoint.shm_ni.link(endpoint, channel)
     spins = 0
 
@@ -116,21 +117,22 @@ def _peer_poll(endpoint: ShmEndpoint, channel: int, spec: PeerSpec) -> None:
         return
     received = 0
     while True:
-        message = poll()
-        if message is None:
+        arrival = poll()
+        if arrival is None:
             idle()
             continue
+        on, data = arrival
         if spec.role == "echo":
             while True:
                 try:
-                    send(message.channel, message.data)
+                    send(on, data)
                     break
                 except trio.WouldBlock:
                     idle()
-        elif message.data:
+        elif data:
             received += 1
         else:
-            send(message.channel, received.to_bytes(8, "little"))
+            send(on, received.to_bytes(8, "little"))
             received = 0
 
 

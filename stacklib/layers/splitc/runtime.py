@@ -37,7 +37,7 @@ import os
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Literal, cast
+from typing import Any, Final, Literal, cast
 
 import attrs
 import numpy as np
@@ -67,18 +67,18 @@ __all__ = [
     "open_splitc",
 ]
 
-_OPS = 1 << 16  #: op ids are 16 bits (wire.py)
+_OPS: Final = 1 << 16  #: op ids are 16 bits (wire.py)
 #: How often :meth:`SplitC.compute` lets the protocol's work in (an estimate: the papers do not
 #: say how often the benchmarks poll; 1 ms is well inside UAM's 4 ms timeout).
-COMPUTE_SLICE = 1e-3
-_H_REQUEST = "splitc.request"
-_H_REPLY = "splitc.reply"
-_H_STORED = "splitc.stored"
-_H_PUT = "splitc.put"
-_H_GOT = "splitc.got"
-_H_COLL = "splitc.coll"
-_COLL_REGION = "splitc.collective"
-_REDUCERS: dict[str, Callable[..., Any]] = {
+COMPUTE_SLICE: Final = 1e-3
+_H_REQUEST: Final = "splitc.request"
+_H_REPLY: Final = "splitc.reply"
+_H_STORED: Final = "splitc.stored"
+_H_PUT: Final = "splitc.put"
+_H_GOT: Final = "splitc.got"
+_H_COLL: Final = "splitc.coll"
+_COLL_REGION: Final = "splitc.collective"
+_REDUCERS: Final[dict[str, Callable[..., Any]]] = {
     "sum": np.add,
     "max": np.maximum,
     "min": np.minimum,

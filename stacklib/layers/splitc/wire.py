@@ -42,7 +42,7 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import attrs
 import construct
@@ -78,10 +78,10 @@ __all__ = [
     "requests",
 ]
 
-WORDS = 4  #: GAM 1.1: up to four words of arguments (paper 000 §5)
-WORD_MAX = (1 << 32) - 1
-SCALAR_SIZES = frozenset({1, 2, 4, 8})  #: widths a scalar access may have
-_WORDS = struct.Struct(">4I")
+WORDS: Final = 4  #: GAM 1.1: up to four words of arguments (paper 000 §5)
+WORD_MAX: Final = (1 << 32) - 1
+SCALAR_SIZES: Final = frozenset({1, 2, 4, 8})  #: widths a scalar access may have
+_WORDS: Final = struct.Struct(">4I")
 
 
 class Kind(enum.IntEnum):
@@ -94,12 +94,12 @@ class Kind(enum.IntEnum):
     ACK = 6  #: reply to WRITE
 
 
-REQUEST_KINDS = frozenset({Kind.READ, Kind.WRITE, Kind.STORE})
-REPLY_KINDS = frozenset({Kind.VALUE, Kind.ACK})
+REQUEST_KINDS: Final = frozenset({Kind.READ, Kind.WRITE, Kind.STORE})
+REPLY_KINDS: Final = frozenset({Kind.VALUE, Kind.ACK})
 
 
 #: Sizes other than :data:`SCALAR_SIZES` a kind allows (an ACK may echo any size or none).
-_SIZES: dict[Kind, frozenset[int]] = {Kind.ACK: frozenset({0, *SCALAR_SIZES})}
+_SIZES: Final[dict[Kind, frozenset[int]]] = {Kind.ACK: frozenset({0, *SCALAR_SIZES})}
 
 
 class Status(enum.IntEnum):
@@ -191,9 +191,9 @@ def _check_size(kind: Kind, size: int) -> None:
 
 
 # Wire values to members, looked up once per message (``Kind(value)`` costs an enum call).
-_REQUEST_KINDS = {int(kind): kind for kind in REQUEST_KINDS}
-_REPLY_KINDS = {int(kind): kind for kind in REPLY_KINDS}
-_STATUSES = {int(status): status for status in Status}
+_REQUEST_KINDS: Final = {int(kind): kind for kind in REQUEST_KINDS}
+_REPLY_KINDS: Final = {int(kind): kind for kind in REPLY_KINDS}
+_STATUSES: Final = {int(status): status for status in Status}
 
 
 def parse_request(words: Sequence[int]) -> Request:
@@ -268,7 +268,7 @@ def build_reply(reply: Reply) -> tuple[int, int, int, int]:
 # statuses) takes the codec path, which raises the documented error; tests/layers/splitc
 # checks both paths against each other and against the construct formats.
 
-_VALUE = struct.Struct(">II")  # the 8-byte value as the last two words
+_VALUE: Final = struct.Struct(">II")  # the 8-byte value as the last two words
 
 
 def request_words(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import trio
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = ["EventPath"]
 
-_RECV_INLINE = RecvKind.INLINE
+_RECV_INLINE: Final = RecvKind.INLINE
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)

@@ -17,14 +17,14 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import trio
 import trio.lowlevel
 
 from stacklib.compiled import mypyc_attr
 from stacklib.layers.uam.paths import ExecutionPath, Task
-from stacklib.unet import Endpoint, Message
+from stacklib.unet import Endpoint
 from stacklib.unet.polled import PolledNI, relax
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = ["LeanPath"]
 
-_RETRY = 20e-6  # seconds before the pump offers the endpoint again what it refused
+_RETRY: Final = 20e-6  # seconds before the pump offers the endpoint again what it refused
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -93,12 +93,12 @@ class LeanPath(ExecutionPath):
         self._last_poll = time.perf_counter()
         if self._deferred is not None or self._unpolled or self._unsent or not self.fast:
             return self._poll_all()
-        message = self._endpoint.poll()
-        if message is None:
+        arrival = self._endpoint.poll_payload()
+        if arrival is None:
             return 0
-        return self._poll_arrivals(message)
+        return self._poll_arrivals(arrival)
 
-    def _poll_arrivals(self, first: Message) -> int:
+    def _poll_arrivals(self, first: tuple[int, bytes]) -> int:
         """The lean poll: feed each datagram to its machine and run what it made ready at once
         (requests and replies as tuples, no event objects), then transmit once.  Handling each
         arrival before taking the next keeps at most one arrival per peer waiting, so the 2w
@@ -108,22 +108,22 @@ class LeanPath(ExecutionPath):
         service = self.service
         machines = service._machines
         run = service._run_handlers
-        poll = self._endpoint.poll
+        poll = self._endpoint.poll_payload  # (channel, data): no Message per datagram
         now = service._now()
         count = 0
         self._deferred = False
         done = False
-        message: Message | None = first
-        peer, machine = first.channel, None
+        arrival: tuple[int, bytes] | None = first
+        peer, machine = first[0], None
         try:
-            while message is not None:
-                peer = message.channel
+            while arrival is not None:
+                peer, data = arrival
                 machine = machines.get(peer)
                 if machine is None:
                     machine = service._add_machine(peer)
-                machine.receive(message.data, now)
+                machine.receive(data, now)
                 count += run(peer, machine)
-                message = poll()
+                arrival = poll()
             done = True
         finally:
             service._current = None
@@ -228,26 +228,27 @@ class LeanPath(ExecutionPath):
         Handlers wait for a poll; acknowledgments and window room take effect."""
         if self._arrivals_full():
             return 0  # handlers first: the next datagram may be for that peer
-        poll = self._endpoint.poll
-        message = poll()
-        if message is None:
+        poll = self._endpoint.poll_payload
+        arrival = poll()
+        if arrival is None:
             return 0
         service = self.service
         now = service._now()
         machines = service._machines
         count = 0
-        while message is not None:
-            machine = machines.get(message.channel)
+        while arrival is not None:
+            peer, data = arrival
+            machine = machines.get(peer)
             if machine is None:
-                machine = service._add_machine(message.channel)
-            machine.receive(message.data, now)
+                machine = service._add_machine(peer)
+            machine.receive(data, now)
             count += 1
             self._unpolled = True
             if machine.arrivals_full:
                 # Taking more would drop this peer's next PDU (go-back-N would resend it and
                 # everything after it, after a timeout); at the endpoint it waits for a poll.
                 break
-            message = poll()
+            arrival = poll()
         if flush:
             self._flush()  # window room for the backlog, or an ACK owed for a duplicate
         if service._waiting:

@@ -49,7 +49,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from collections.abc import Sequence
-from typing import TypeAlias, cast
+from typing import Final, TypeAlias, cast
 
 import attrs
 
@@ -88,11 +88,13 @@ __all__ = [
 ]
 
 #: Region id reserved for the datagram face: a store into it is a message for ``recv()``.
-INBOX_REGION = 0xFFFF
-_HALF = SEQ_MODULUS // 2
-_MASK = SEQ_MODULUS - 1
-_REQUEST, _REPLY, _ACK = int(PduType.REQUEST), int(PduType.REPLY), int(PduType.ACK)
-_SMALL_MAX = HEADER_SIZE + 4 * MAX_ARGS  # the largest PDU without a bulk header
+INBOX_REGION: Final = 0xFFFF
+_HALF: Final = SEQ_MODULUS // 2
+_MASK: Final = SEQ_MODULUS - 1
+_REQUEST: Final = int(PduType.REQUEST)
+_REPLY: Final = int(PduType.REPLY)
+_ACK: Final = int(PduType.ACK)
+_SMALL_MAX: Final = HEADER_SIZE + 4 * MAX_ARGS  # the largest PDU without a bulk header
 
 
 class UamState(enum.Enum):

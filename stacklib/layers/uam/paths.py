@@ -17,7 +17,7 @@ models its host's costs) and, for a :class:`~stacklib.unet.polled.PolledNI`, ``s
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import attrs
 import trio
@@ -35,7 +35,7 @@ __all__ = ["ExecutionPath", "HostCosts", "Task", "host_costs"]
 Task = tuple[Callable[[], Awaitable[None]], str]
 """A background task as :func:`stacklib.stack.serve` takes it: (function, name)."""
 
-_DATA_TYPES = frozenset({int(PduType.STORE), int(PduType.GET_REPLY)})
+_DATA_TYPES: Final = frozenset({int(PduType.STORE), int(PduType.GET_REPLY)})
 
 
 @attrs.frozen

@@ -32,6 +32,7 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from typing import Final
 
 import attrs
 import trio
@@ -73,8 +74,8 @@ from stacklib.unet import Endpoint
 
 __all__ = ["Handler", "RemoteAddress", "UamParams", "UamService", "choose_path"]
 
-_REQUEST = int(PduType.REQUEST)
-MAX_MESSAGE = 1 << 24  # the datagram face accepts any size; this bounds a single message
+_REQUEST: Final = int(PduType.REQUEST)
+MAX_MESSAGE: Final = 1 << 24  # the datagram face accepts any size; this bounds a single message
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import enum
 import struct
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import attrs
 import construct
@@ -83,16 +83,16 @@ __all__ = [
     "pdus",
 ]
 
-HEADER_SIZE = 8  #: type, handler, seq, ack, nargs, reserved
-BULK_SIZE = 16  #: region, xfer, offset, total, chunk
-MAX_ARGS = 4  #: GAM 1.1: "up to four words of arguments" (paper 000 §5)
-MAX_OVERHEAD = HEADER_SIZE + 4 * MAX_ARGS + BULK_SIZE  #: bytes of a PDU that are not data
-SEQ_MODULUS = 1 << 16  #: seq and ack count modulo this
-WORD_MAX = (1 << 32) - 1
+HEADER_SIZE: Final = 8  #: type, handler, seq, ack, nargs, reserved
+BULK_SIZE: Final = 16  #: region, xfer, offset, total, chunk
+MAX_ARGS: Final = 4  #: GAM 1.1: "up to four words of arguments" (paper 000 §5)
+MAX_OVERHEAD: Final = HEADER_SIZE + 4 * MAX_ARGS + BULK_SIZE  #: bytes of a PDU that are not data
+SEQ_MODULUS: Final = 1 << 16  #: seq and ack count modulo this
+WORD_MAX: Final = (1 << 32) - 1
 #: Data bytes per bulk buffer: "UAM uses buffers holding 4160 bytes of data" (paper 000 §5.2).
-CHUNK_SIZE = 4160
-STATUS_OK = 0
-STATUS_BAD_ADDRESS = 1
+CHUNK_SIZE: Final = 4160
+STATUS_OK: Final = 0
+STATUS_BAD_ADDRESS: Final = 1
 
 
 class PduType(enum.IntEnum):
@@ -107,9 +107,9 @@ class PduType(enum.IntEnum):
 
 
 BULK_TYPES = frozenset({PduType.STORE, PduType.GET, PduType.GET_REPLY})
-_DATA_TYPES = frozenset({int(PduType.STORE), int(PduType.GET_REPLY)})
-_BULK_INTS = frozenset(int(t) for t in BULK_TYPES)
-_KNOWN = frozenset(int(t) for t in PduType)
+_DATA_TYPES: Final = frozenset({int(PduType.STORE), int(PduType.GET_REPLY)})
+_BULK_INTS: Final = frozenset(int(t) for t in BULK_TYPES)
+_KNOWN: Final = frozenset(int(t) for t in PduType)
 
 
 class UamErrorKind(enum.Enum):
@@ -178,7 +178,7 @@ _pack_header = HEADER_CODEC.pack
 _unpack_bulk = BULK_CODEC.unpack
 _pack_bulk = BULK_CODEC.pack
 _ARGS = [struct.Struct(f">{n}I") for n in range(MAX_ARGS + 1)]
-SMALL_CODECS = tuple(
+SMALL_CODECS: Final = tuple(
     struct.Struct(HEADER_CODEC.format[:-1] + "x" + "I" * n) for n in range(MAX_ARGS + 1)
 )
 """A whole PDU without a bulk header (REQUEST, REPLY, ACK) with ``n`` argument words, as one

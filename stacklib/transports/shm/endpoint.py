@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Final, cast
 
 import trio
 
@@ -27,12 +27,12 @@ if TYPE_CHECKING:
     from stacklib.unet.ni import NetworkInterface
     from stacklib.unet.os_service import OSService, Principal
 
-_INJECTED = DescriptorStatus.INJECTED
-_POSTED = DescriptorStatus.POSTED
+_INJECTED: Final = DescriptorStatus.INJECTED
+_POSTED: Final = DescriptorStatus.POSTED
 
 #: A :meth:`ShmEndpoint.send` or :meth:`ShmEndpoint.recv` that did not wait yields to other
 #: trio tasks once in this many calls (it is a cancellation point every time).
-YIELD_EVERY = 16
+YIELD_EVERY: Final = 16
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -140,6 +140,37 @@ class ShmEndpoint(Endpoint):
             self.shm_ni.progress()
         return None
 
+    def poll_payload(self) -> tuple[int, bytes] | None:
+        """:meth:`Endpoint.poll_payload`: :meth:`poll`'s fast path (the same loop, written out
+        again so neither pays a call for the other) returning (channel, data), no
+        :class:`Message`."""
+        if self._held is not None:
+            self.release_view()
+        if self.recv_queue or self._upcalls or self._upcall_error is not None or self.closed:
+            message = self.poll()
+            return None if message is None else (message.channel, message.data)
+        links = self._rx_links
+        for index, (link, channel) in enumerate(links):
+            ring = link.rx
+            corrupt = ring.corrupt
+            data = ring.take()
+            if data is None:
+                if ring.corrupt != corrupt:
+                    self.shm_ni.ring_broken(link, ring, self)
+                continue
+            if self._rotate:
+                links.append(links.pop(index))
+            length = len(data)
+            self.received += 1
+            self.received_bytes += length
+            ni = self.shm_ni
+            ni.received += 1
+            ni.received_bytes += length
+            return channel, data
+        if self.shm_ni.tx_blocked:
+            self.shm_ni.progress()
+        return None
+
     def poll_into(self, buffer: bytearray | memoryview) -> tuple[int, int] | None:
         """Copy the next message into ``buffer``: (channel, length), or None.
 
@@ -184,7 +215,8 @@ class ShmEndpoint(Endpoint):
         None.
 
         The record stays this endpoint's until the next receive call on it (:meth:`poll`,
-        :meth:`poll_into`, :meth:`poll_view`, :meth:`recv_many`, :meth:`recv`),
+        :meth:`poll_payload`, :meth:`poll_into`, :meth:`poll_view`, :meth:`recv_many`,
+        :meth:`recv`),
         :meth:`release_view` or :meth:`close`, which free it and release the view: using it
         after that raises ``ValueError``.  Slices taken from the view are the caller's to drop
         by then (the ring reuses those bytes).  The peer can still write into its ring, so copy
@@ -274,6 +306,33 @@ class ShmEndpoint(Endpoint):
         except trio.WouldBlock:
             self.shm_ni.progress()
             return super().send_nowait(channel, data, dest_offset=dest_offset)
+
+    def send_payload(self, channel: int, data: bytes | bytearray | memoryview) -> None:
+        """:meth:`Endpoint.send_payload`: :meth:`send_nowait`'s fast path (written out again so
+        neither pays a call for the other), no :class:`SendDescriptor`; anything else (a queue
+        before it, a full or broken ring, a large non-``bytes`` buffer) goes to
+        :meth:`send_nowait`."""
+        length = len(data)
+        if (length <= self.shm_ni.inline_threshold or type(data) is bytes) and not self.send_queue:
+            entry = self.channels.get(channel)
+            if entry is not None and not self.closed:
+                link: ShmLink = entry.tx_tag  # type: ignore[assignment]
+                ring = link.tx
+                # A broken ring (None) or a full one (0) is left to send_nowait, which tries
+                # it again and raises or queues as it documents.
+                if link.failed is None and length <= ring.max_message:
+                    written = ring.try_write(data)
+                    if written:
+                        ni = self.shm_ni
+                        if written == WRITTEN_WAKE:
+                            ni.wakeups_sent += 1
+                            link.wake_peer()
+                        self.sent += 1
+                        self.sent_bytes += length
+                        ni.sent += 1
+                        ni.sent_bytes += length
+                        return
+        super().send_payload(channel, data)
 
     def send_many(self, channel: int, messages: Iterable[bytes | bytearray | memoryview]) -> int:
         """:meth:`Endpoint.send_many` (same contract) in one pass: with nothing queued, the

@@ -20,7 +20,7 @@ import os
 import re
 import stat
 import struct
-from typing import Protocol
+from typing import Final, Protocol
 
 import attrs
 
@@ -42,7 +42,9 @@ RING_WORD = (64, 96)
 #: reclaimed it (the side's state word then reads STATE_CLOSED).
 RECLAIMED_WORD = 4
 
-STATE_ABSENT, STATE_ATTACHED, STATE_CLOSED = 0, 1, 2
+STATE_ABSENT: Final = 0
+STATE_ATTACHED: Final = 1
+STATE_CLOSED: Final = 2
 
 #: What a node name may be (it names files and daemon records).
 NODE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")

@@ -21,20 +21,28 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Sequence
+from typing import Final
 
 from stacklib.unet.ni import Payload
 
-RECORD_HEADER = struct.Struct("<II")  # length, kind
-KIND_MESSAGE = 1
-KIND_PAD = 2
+RECORD_HEADER: Final = struct.Struct("<II")  # length, kind
+KIND_MESSAGE: Final = 1
+KIND_PAD: Final = 2
 #: :meth:`Ring.try_write`'s results for a written message: the consumer is awake, or asleep.
-WRITTEN = 1
-WRITTEN_WAKE = 2
-ALIGN = 16
+WRITTEN: Final = 1
+WRITTEN_WAKE: Final = 2
+ALIGN: Final = 16
+#: A record header as one native 64-bit word: the length in the low 32 bits, the kind above.
+_LOW: Final = 0xFFFFFFFF
+_MESSAGE_HIGH: Final = KIND_MESSAGE << 32
+_PAD_HIGH: Final = KIND_PAD << 32
 #: Word offsets within a ring's block of the header page (see ``region.RING_WORD``).
-_TAIL, _HEAD, _SLEEPING, _WAITING = 0, 8, 16, 24
+_TAIL: Final = 0
+_HEAD: Final = 8
+_SLEEPING: Final = 16
+_WAITING: Final = 24
 #: Size in words of the private block a broken ring uses instead of the shared header page.
-_DETACHED_WORDS = 512
+_DETACHED_WORDS: Final = 512
 
 
 def _align(n: int) -> int:
@@ -55,7 +63,7 @@ class Ring:
         "_cached_head",
         "_head",
         "_tail",
-        "_u32",
+        "_u64",
         "_words",
         "capacity",
         "corrupt",
@@ -73,10 +81,11 @@ class Ring:
         self._words = words
         self._base = base
         self.data = data
-        # Record headers read and written as two 32-bit words (offsets are 16-byte aligned):
-        # two indexings cost less than a Struct call and its tuple.  Native order, which is
-        # RECORD_HEADER's little-endian on x86-64 (see the module's note on ordering).
-        self._u32 = data.cast("I")
+        # Record headers read and written as one 64-bit word, the length in its low half and
+        # the kind in its high half (offsets are 16-byte aligned): one indexing costs less
+        # than two, or a Struct call and its tuple.  Native order, which is RECORD_HEADER's
+        # little-endian on x86-64 (see the module's note on ordering).
+        self._u64 = data.cast("Q")
         self.capacity = capacity
         self.max_message = max_message
         #: Times the peer broke the ring (a broken ring is cut off, so at most once).
@@ -123,14 +132,12 @@ class Ring:
             self._cached_head = head
             if tail + need - head > capacity:
                 return 0
-        u32 = self._u32
+        u64 = self._u64
         if size > to_end:
-            u32[offset >> 2] = to_end
-            u32[(offset >> 2) + 1] = KIND_PAD
+            u64[offset >> 3] = to_end | _PAD_HIGH
             tail += to_end
             offset = 0
-        u32[offset >> 2] = n
-        u32[(offset >> 2) + 1] = KIND_MESSAGE
+        u64[offset >> 3] = n | _MESSAGE_HIGH
         self.data[offset + 8 : offset + 8 + n] = payload
         tail += size
         self._tail = tail
@@ -148,7 +155,7 @@ class Ring:
         capacity = self.capacity
         room = self._cached_head + capacity  # the tail may advance up to here
         data = self.data
-        u32 = self._u32
+        u64 = self._u64
         count = nbytes = 0
         for payload in messages:
             n = len(payload)
@@ -168,12 +175,10 @@ class Ring:
                 if tail + need > room:
                     break
             if size > to_end:
-                u32[offset >> 2] = to_end
-                u32[(offset >> 2) + 1] = KIND_PAD
+                u64[offset >> 3] = to_end | _PAD_HIGH
                 tail += to_end
                 offset = 0
-            u32[offset >> 2] = n
-            u32[(offset >> 2) + 1] = KIND_MESSAGE
+            u64[offset >> 3] = n | _MESSAGE_HIGH
             data[offset + 8 : offset + 8 + n] = payload
             tail += size
             count += 1
@@ -213,9 +218,9 @@ class Ring:
                 self._break(f"the producer published tail {tail} (head {head})")
                 return None
             offset = head % capacity
-            u32 = self._u32
-            length = u32[offset >> 2]
-            kind = u32[(offset >> 2) + 1]
+            header = self._u64[offset >> 3]
+            length = header & _LOW
+            kind = header >> 32
             if kind == KIND_PAD:
                 if length != capacity - offset or length > avail:
                     self._break(f"a pad record of length {length} at offset {offset}")
@@ -253,10 +258,11 @@ class Ring:
         if avail < 0 or avail > capacity or avail % ALIGN:
             self._break(f"the producer published tail {tail} (head {head})")
             return None
-        u32 = self._u32
+        u64 = self._u64
         offset = head % capacity
-        length = u32[offset >> 2]
-        kind = u32[(offset >> 2) + 1]
+        header = u64[offset >> 3]
+        length = header & _LOW
+        kind = header >> 32
         if kind == KIND_PAD:
             if length != capacity - offset or length > avail:
                 self._break(f"a pad record of length {length} at offset {offset}")
@@ -268,8 +274,9 @@ class Ring:
                 words[base + _HEAD] = head
                 return None
             offset = 0
-            length = u32[0]
-            kind = u32[1]
+            header = u64[0]
+            length = header & _LOW
+            kind = header >> 32
         size = (length + 8 + ALIGN - 1) & ~(ALIGN - 1)
         if (
             kind != KIND_MESSAGE
@@ -308,15 +315,16 @@ class Ring:
             self._break(f"the producer published tail {tail} (head {head})")
             return out, 0
         data = self.data
-        u32 = self._u32
+        u64 = self._u64
         largest = self.max_message
         append = out.append
         left = limit
         nbytes = 0
         while head != tail and left:
             offset = head % capacity
-            length = u32[offset >> 2]
-            kind = u32[(offset >> 2) + 1]
+            header = u64[offset >> 3]
+            length = header & _LOW
+            kind = header >> 32
             if kind == KIND_PAD:
                 if length != capacity - offset or length > tail - head:
                     self._break(f"a pad record of length {length} at offset {offset}")
@@ -419,7 +427,7 @@ class Ring:
         """Release this ring's views of the mapping (its link closes): first a view still
         lent out by :meth:`hold`, then the record views."""
         self.release_held()
-        self._u32.release()
+        self._u64.release()
         self.data.release()
 
     @property
