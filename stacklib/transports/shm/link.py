@@ -65,6 +65,8 @@ class ShmLink:
                 RING_WORD[r],
                 self._view[HEADER_BYTES + r * ring_bytes : HEADER_BYTES + (r + 1) * ring_bytes],
                 min(max_message, ni.max_message),
+                region,
+                HEADER_BYTES + r * ring_bytes,
             )
             for r in (0, 1)
         ]

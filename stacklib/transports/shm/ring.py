@@ -19,6 +19,7 @@ error.
 
 from __future__ import annotations
 
+import mmap
 import struct
 from collections.abc import Callable, Sequence
 from typing import Final
@@ -62,6 +63,8 @@ class Ring:
         "_base",
         "_cached_head",
         "_head",
+        "_mapping",
+        "_start",
         "_tail",
         "_u64",
         "_words",
@@ -74,13 +77,26 @@ class Ring:
         "wake_producer",
     )
 
-    def __init__(self, words: memoryview, base: int, data: memoryview, max_message: int) -> None:
+    def __init__(
+        self,
+        words: memoryview,
+        base: int,
+        data: memoryview,
+        max_message: int,
+        mapping: mmap.mmap | None = None,
+        start: int = 0,
+    ) -> None:
+        """``data`` is the ring's bytes; where they are ``mapping[start:start + len(data)]``
+        (the link passes its mapping), messages are copied out by slicing the mapping, which
+        makes the ``bytes`` at once, without the memoryview a slice of ``data`` builds first."""
         capacity = len(data)
         if capacity <= 0 or capacity % ALIGN:
             raise ValueError(f"a ring of {capacity} bytes: not a positive multiple of {ALIGN}")
         self._words = words
         self._base = base
         self.data = data
+        self._mapping = mapping
+        self._start = start
         # Record headers read and written as one 64-bit word, the length in its low half and
         # the kind in its high half (offsets are 16-byte aligned): one indexing costs less
         # than two, or a Struct call and its tuple.  Native order, which is RECORD_HEADER's
@@ -286,7 +302,12 @@ class Ring:
         ):
             self._break(f"a record of kind {kind} and length {length} at offset {offset}")
             return None
-        message = bytes(self.data[offset + 8 : offset + 8 + length])
+        mapping = self._mapping
+        if mapping is not None:
+            first = self._start + offset + 8
+            message = mapping[first : first + length]
+        else:
+            message = bytes(self.data[offset + 8 : offset + 8 + length])
         head += size
         self._head = head
         words[base + _HEAD] = head
@@ -315,6 +336,8 @@ class Ring:
             self._break(f"the producer published tail {tail} (head {head})")
             return out, 0
         data = self.data
+        mapping = self._mapping
+        start = self._start
         u64 = self._u64
         largest = self.max_message
         append = out.append
@@ -340,7 +363,11 @@ class Ring:
             ):
                 self._break(f"a record of kind {kind} and length {length} at offset {offset}")
                 return out, nbytes
-            append(bytes(data[offset + 8 : offset + 8 + length]))
+            if mapping is not None:  # as in take(): the bytes straight from the mapping
+                first = start + offset + 8
+                append(mapping[first : first + length])
+            else:
+                append(bytes(data[offset + 8 : offset + 8 + length]))
             head += size
             nbytes += length
             left -= 1
