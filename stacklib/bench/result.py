@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from collections.abc import Mapping, Sequence
 
 import attrs
 
 Cell = int | float | str | None
+
+#: The columns a table aims to fit (as stacklib reproduce's do).
+WIDTH = 100
 
 
 @attrs.frozen
@@ -44,22 +48,49 @@ class Result:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
-    def format_table(self) -> str:
-        """The result as an aligned plain-text table (what ``stacklib run`` prints)."""
+    def format_table(self, width: int = WIDTH) -> str:
+        """The result as an aligned plain-text table (what ``stacklib run`` prints): numbers
+        right-aligned, text left-aligned; the widest text column wraps, and notes wrap, so a
+        line stays within ``width`` columns where the numbers leave room."""
         headings = [f"{c.heading} ({c.unit})" if c.unit else c.heading for c in self.columns]
         body = [[_format(row.get(c.key), c.digits) for c in self.columns] for row in self.rows]
+        text = [
+            any(isinstance(row.get(c.key), str) for row in self.rows)
+            and all(not isinstance(row.get(c.key), int | float) for row in self.rows)
+            for c in self.columns
+        ]
         widths = [max([len(h)] + [len(line[i]) for line in body]) for i, h in enumerate(headings)]
+        spare = width - (sum(widths) + 2 * (len(widths) - 1))
+        texts = [i for i, is_text in enumerate(text) if is_text]
+        if spare < 0 and texts:
+            # The widest text column gives up what the line is over, down to a floor.
+            widest = max(texts, key=lambda i: widths[i])
+            widths[widest] = max(widths[widest] + spare, len(headings[widest]), 16)
         lines = [self.title, ""]
-        lines.append("  ".join(h.rjust(w) for h, w in zip(headings, widths, strict=True)))
+
+        def cells(values: list[str]) -> str:
+            return "  ".join(
+                (v.ljust(w) if is_text else v.rjust(w))
+                for v, w, is_text in zip(values, widths, text, strict=True)
+            ).rstrip()
+
+        lines.append(cells(headings))
         lines.append("  ".join("-" * w for w in widths))
         for line in body:
-            lines.append("  ".join(v.rjust(w) for v, w in zip(line, widths, strict=True)))
+            wrapped = [
+                textwrap.wrap(v, w, subsequent_indent="  ", break_on_hyphens=False) or [""]
+                if is_text and len(v) > w
+                else [v]
+                for v, w, is_text in zip(line, widths, text, strict=True)
+            ]
+            for k in range(max(map(len, wrapped))):
+                lines.append(cells([(part[k] if k < len(part) else "") for part in wrapped]))
         if self.facts:
             lines.append("")
             for key, value in self.facts.items():
                 lines.append(f"{key}: {_format(value, 3)}")
         for note in self.notes:
-            lines.append(f"note: {note}")
+            lines += textwrap.wrap(f"note: {note}", width, subsequent_indent="  ") or ["note:"]
         return "\n".join(lines)
 
 
