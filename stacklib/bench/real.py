@@ -22,6 +22,7 @@ on the machine shows directly.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
 import time
@@ -362,10 +363,11 @@ def drain_stream(
     copied into that one buffer (:meth:`ShmEndpoint.poll_into`, as MPI's ``Recv`` does)
     instead of into new bytes."""
     try:
-        if into is not None:
-            elapsed, received = _drain_into(endpoint, peer, what, into)
-        else:
-            elapsed, received = _drain(endpoint, peer, what)
+        # Bound method or C-level partial: no Python frame between the loop and the ring.
+        poll = (
+            endpoint.poll_payload if into is None else functools.partial(endpoint.poll_into, into)
+        )
+        elapsed, received = _drain(poll, peer, what)
         endpoint.send_nowait(channel, b"done")
         if received != count:
             raise RuntimeError(f"{what} stream lost messages: {received} of {count}")
@@ -392,10 +394,11 @@ def _idle(idle: int, peer: BaseProcess, what: str) -> None:
         raise RuntimeError(f"the {what} source process died mid-stream")
 
 
-def _drain(endpoint: ShmEndpoint, peer: BaseProcess, what: str) -> tuple[float, int]:
-    """(seconds from the first message to the empty one, messages before it) with
-    ``poll_payload``."""
-    poll = endpoint.poll_payload
+def _drain(
+    poll: Callable[[], tuple[int, object] | None], peer: BaseProcess, what: str
+) -> tuple[float, int]:
+    """(seconds from the first message to the empty one, messages before it), taking each
+    arrival as ``(channel, data or length)`` from ``poll``."""
     first = _first(poll, peer, what)
     start = time.perf_counter()
     received = 1 if isinstance(first, tuple) and first[1] else 0
@@ -407,26 +410,6 @@ def _drain(endpoint: ShmEndpoint, peer: BaseProcess, what: str) -> tuple[float, 
             _idle(idle, peer, what)
             continue
         if not arrival[1]:
-            return time.perf_counter() - start, received
-        received += 1
-
-
-def _drain_into(
-    endpoint: ShmEndpoint, peer: BaseProcess, what: str, buffer: bytearray
-) -> tuple[float, int]:
-    """:func:`_drain` with ``poll_into`` one buffer."""
-    poll_into = endpoint.poll_into
-    first = _first(lambda: poll_into(buffer), peer, what)
-    start = time.perf_counter()
-    received = 1 if isinstance(first, tuple) and first[1] else 0
-    idle = 0
-    while True:
-        got = poll_into(buffer)
-        if got is None:
-            idle += 1
-            _idle(idle, peer, what)
-            continue
-        if not got[1]:
             return time.perf_counter() - start, received
         received += 1
 

@@ -427,7 +427,6 @@ def run_cells(
     jobs: int | None = None,
     progress: Callable[[str], None] | None = None,
     *,
-    live: bool = False,
     clock: Callable[[], float] = time.perf_counter,
     pure: bool = False,
 ) -> list[CellResult]:
@@ -435,8 +434,7 @@ def run_cells(
     CPU; 1: in this process), the longest expected first so that every process stays busy
     to the end.  ``progress`` gets a line per finished cell (:func:`cell_line`); the
     progress display of the command, if one is shown (stacklib.reporting.progress), also
-    gets the runs under way and their virtual time (stacklib.experiments.pool).  ``live``
-    is kept for callers of old and does nothing: the display decides.  ``clock`` times the
+    gets the runs under way and their virtual time (stacklib.experiments.pool).  ``clock`` times the
     progress lines only.  Ctrl-C raises :class:`CellsInterrupted` with the cells done.
 
     When ``stacklib compile`` has built a compiled copy of these sources
@@ -533,7 +531,6 @@ def table1(
     sizes: Mapping[str, tuple[int, ...]] | None = None,
     *,
     jobs: int | None = None,
-    live: bool = False,
 ) -> dict[tuple[str, str, int], tuple[float, float]]:
     """Simulated paper 003 Table 1 entries at the paper's sizes (or ``sizes[benchmark]``):
     (benchmark, network, nodes) -> (total, computation) seconds (the slowest rank's total,
@@ -543,7 +540,7 @@ def table1(
     cells = suite(benchmarks, tuple(CLUSTERS), nodes, sizes)
     return {
         (r.cell.benchmark, r.cell.network, r.cell.nodes): (r.total, r.compute)
-        for r in run_cells(cells, jobs, progress, live=live)
+        for r in run_cells(cells, jobs, progress)
     }
 
 
@@ -641,7 +638,7 @@ def run_experiment(full: bool = False, jobs: int | None = None) -> list[Figure]:
         prepare_engine(False, _progress)
         _progress(engine_line())
         suite_started = time.perf_counter()
-        runs = run_cells(suite(benchmarks), jobs, _progress, live=True)
+        runs = run_cells(suite(benchmarks), jobs, _progress)
         _progress(
             f"paper 003 Table 1: {len(runs)} runs at the paper's sizes in "
             f"{time.perf_counter() - suite_started:.0f} s of wall time on {workers} processes; "

@@ -4,22 +4,20 @@ hand-written value semantics of ``Message`` and ``SendDescriptor``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import trio
 
 from stacklib.errors import EndpointClosed, PeerGone, UNetError
-from stacklib.transports.shm import ShmEndpoint, ShmNetwork
+from stacklib.transports.shm import ShmEndpoint
 from stacklib.unet import (
     DescriptorStatus,
     Message,
     SendDescriptor,
     UpcallCondition,
-    connect,
 )
 from tests.unet.test_batch_calls import CONFIG, Rig
 from tests.unet.test_batch_calls import rig as rig  # the fixture, over every transport
+from tests.unet.test_batch_calls import shm_pair as shm_pair  # two shm endpoints, a channel
 
 
 def test_payload_calls_carry_messages_in_order(rig: Rig) -> None:
@@ -66,17 +64,6 @@ def test_payload_calls_on_a_closed_endpoint(rig: Rig) -> None:
 
 
 # --- the shm ring path ------------------------------------------------------------------------
-
-
-@pytest.fixture
-def shm_pair() -> Iterator[tuple[ShmEndpoint, ShmEndpoint, int, int]]:
-    with ShmNetwork(ring_bytes=4096, max_message=1024) as network:
-        a, b = network.add_node("a"), network.add_node("b")
-        ep_a = a.os.create_endpoint(a.os.process("x"), CONFIG)
-        ep_b = b.os.create_endpoint(b.os.process("y"), CONFIG)
-        assert isinstance(ep_a, ShmEndpoint) and isinstance(ep_b, ShmEndpoint)
-        ch_a, ch_b = connect(ep_a, ep_b)
-        yield ep_a, ep_b, ch_a, ch_b
 
 
 def test_shm_send_payload_queues_behind_a_full_ring(shm_pair: tuple[ShmEndpoint, ...]) -> None:

@@ -180,7 +180,7 @@ def test_the_command_names_the_problem(
 def test_live_falls_back_to_lines_without_a_terminal() -> None:
     lines: list[str] = []
     cells = [Cell("ssortlg", "fe", 2, SMALL["ssortlg"])]
-    experiment.run_cells(cells, jobs=1, progress=lines.append, live=True)
+    experiment.run_cells(cells, jobs=1, progress=lines.append)
     assert len(lines) == 1 and lines[0].startswith("[1/1] ssortlg FE 2 nodes: ")
 
 
