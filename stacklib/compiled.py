@@ -7,6 +7,10 @@ sources into a cache directory named after their hash and compiles :data:`HOT_MO
 with mypyc (part of mypy: ``pip install 'stacklib[fast]'``; it needs a C compiler).  The
 modules are the same source, unchanged: only how they run differs.
 
+The copy also holds the C extensions of :data:`C_EXTENSIONS` (the shm ring's per-message
+core), compiled with the compiler this Python was built with; their Python references run
+wherever they are not built.
+
 A process started with ``STACKLIB_COMPILED=1`` (or ``=DIR``, a copy's directory) imports
 stacklib's subpackages from the copy, but only from a copy built from exactly the sources
 installed (the hash of every ``.py`` file): after any edit it warns and runs the pure modules
@@ -90,6 +94,9 @@ HOT_MODULES: tuple[str, ...] = (
     "layers/splitc/wire.py",
     "layers/splitc/runtime.py",
 )
+#: C extensions built into the copy beside them, relative to the package: the shm ring's
+#: per-message core (its Python reference is ring_core.py, which runs where it is not built).
+C_EXTENSIONS: tuple[str, ...] = ("transports/shm/_ringcore.c",)
 ENVIRONMENT = "STACKLIB_COMPILED"
 #: Compiled copies kept after a build: the new one and the most recently built others (each
 #: is some 20 MB, and every edit of the sources makes a new one).
@@ -128,7 +135,7 @@ def _complete(copy: Path, digest: str) -> bool:
     try:
         if not hash_file.is_file() or hash_file.read_text().strip() != digest:
             return False
-        for module in HOT_MODULES:
+        for module in (*HOT_MODULES, *C_EXTENSIONS):
             source = copy / "stacklib" / module
             if not any(source.parent.glob(f"{source.stem}.*.so")):
                 return False
@@ -186,6 +193,12 @@ def build(progress: Callable[[str], None] | None = None) -> Path:
         shutil.rmtree(work, ignore_errors=True)
         tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
         raise RuntimeError(f"mypyc failed (exit {result.returncode}):\n{tail}")
+    for extension in C_EXTENSIONS:
+        try:
+            _compile_c(work / "stacklib" / extension)
+        except RuntimeError:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
     shutil.rmtree(work / "build", ignore_errors=True)
     (work / _HASH_FILE).write_text(digest + "\n")
     final = root / digest
@@ -197,6 +210,25 @@ def build(progress: Callable[[str], None] | None = None) -> Path:
         raise RuntimeError(f"the compiled copy in {final} is incomplete")
     prune(keep=KEEP_COPIES, current=final)
     return final
+
+
+def _compile_c(source: Path) -> Path:
+    """Compile one C extension module next to its source, with the compiler and flags this
+    Python was built with; ``RuntimeError`` with the compiler's complaint if it fails."""
+    import sysconfig
+
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    target = source.with_name(source.stem + suffix)
+    flags = ["-shared", "-fPIC", "-O2", "-Wall", f"-I{sysconfig.get_paths()['include']}"]
+    if sys.platform == "darwin":
+        flags += ["-undefined", "dynamic_lookup"]
+    command = [*compiler, *flags, str(source), "-o", str(target)]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
+        raise RuntimeError(f"compiling {source.name} failed (exit {result.returncode}):\n{tail}")
+    return target
 
 
 def prune(keep: int = KEEP_COPIES, current: Path | None = None) -> list[Path]:

@@ -24,6 +24,7 @@ import struct
 from collections.abc import Callable, Sequence
 from typing import Final
 
+from stacklib.transports.shm.ring_core import Core, RingCore, detached_core, new_core
 from stacklib.unet.ni import Payload
 
 RECORD_HEADER: Final = struct.Struct("<II")  # length, kind
@@ -61,12 +62,11 @@ class Ring:
 
     __slots__ = (
         "_base",
-        "_cached_head",
-        "_head",
+        "_core",
         "_mapping",
         "_start",
-        "_tail",
         "_u64",
+        "_wake",
         "_words",
         "capacity",
         "corrupt",
@@ -74,7 +74,6 @@ class Ring:
         "error",
         "held",
         "max_message",
-        "wake_producer",
     )
 
     def __init__(
@@ -85,10 +84,14 @@ class Ring:
         max_message: int,
         mapping: mmap.mmap | None = None,
         start: int = 0,
+        *,
+        native: bool | None = None,
     ) -> None:
         """``data`` is the ring's bytes; where they are ``mapping[start:start + len(data)]``
         (the link passes its mapping), messages are copied out by slicing the mapping, which
-        makes the ``bytes`` at once, without the memoryview a slice of ``data`` builds first."""
+        makes the ``bytes`` at once, without the memoryview a slice of ``data`` builds first.
+        ``native``: the per-message core in C (True), in Python (False), or C where it is
+        built (None; see :mod:`~stacklib.transports.shm.ring_core`)."""
         capacity = len(data)
         if capacity <= 0 or capacity % ALIGN:
             raise ValueError(f"a ring of {capacity} bytes: not a positive multiple of {ALIGN}")
@@ -108,21 +111,37 @@ class Ring:
         self.corrupt = 0
         #: Why the ring broke (which value the peer wrote), or None while it is sound.
         self.error: str | None = None
-        #: Called by :meth:`take` when it made room for a producer that waits (the link sets
-        #: it to its wake-up of the peer).
-        self.wake_producer: Callable[[], object] | None = None
+        self._wake: Callable[[], object] | None = None
         #: The view :meth:`hold` handed out, its record not yet freed (see :meth:`hold`).
         self.held: memoryview | None = None
-        self._tail = self._head = self._cached_head = 0
         # Counters found in the region when this side attaches come from shared memory too.
         tail = words[base + _TAIL]
         head = words[base + _HEAD]
         # (A tail near 2**64 would overflow its word as we write on.)
         if tail % ALIGN or head % ALIGN or not 0 <= tail - head <= capacity or tail >> 62:
+            self._core: Core = detached_core(words, base, data, max_message)
             self._break(f"found tail {tail} and head {head} when attaching")
         else:
-            self._tail = tail
-            self._head = self._cached_head = head
+            # The private counters and the per-message operations.
+            self._core = new_core(
+                words, base, data, max_message, tail, head, mapping, start, native=native
+            )
+
+    @property
+    def wake_producer(self) -> Callable[[], object] | None:
+        """Called by :meth:`take` when it made room for a producer that waits (the link sets
+        it to its wake-up of the peer)."""
+        return self._wake
+
+    @wake_producer.setter
+    def wake_producer(self, wake: Callable[[], object] | None) -> None:
+        self._wake = wake
+        self._core.wake = wake
+
+    @property
+    def native(self) -> bool:
+        """Whether the per-message operations run in C (:mod:`ring_core`'s ``_ringcore``)."""
+        return not isinstance(self._core, RingCore)
 
     # ---------------------------------------------------------------- producer
     def try_write(self, payload: Payload) -> int | None:
@@ -130,46 +149,21 @@ class Ring:
         sleeps (the caller wakes it: the flag is read here, saving the caller a call); 0 if the
         ring is full (back-pressure); None if the ring is broken (the consumer published an
         impossible head, now or before)."""
-        n = len(payload)
-        size = (n + 8 + ALIGN - 1) & ~(ALIGN - 1)  # _align, inlined: once per message
-        tail = self._tail
-        capacity = self.capacity
-        offset = tail % capacity
-        to_end = capacity - offset
-        need = size if size <= to_end else to_end + size
-        if tail + need - self._cached_head > capacity:
-            if self.error is not None:
-                return None
-            head = self._words[self._base + _HEAD]
-            # The consumer's head: aligned, never behind our last view of it nor past our tail.
-            if head % ALIGN or head < self._cached_head or head > tail:
-                self._break(f"the consumer published head {head} (tail {tail})")
-                return None
-            self._cached_head = head
-            if tail + need - head > capacity:
-                return 0
-        u64 = self._u64
-        if size > to_end:
-            u64[offset >> 3] = to_end | _PAD_HIGH
-            tail += to_end
-            offset = 0
-        u64[offset >> 3] = n | _MESSAGE_HIGH
-        self.data[offset + 8 : offset + 8 + n] = payload
-        tail += size
-        self._tail = tail
-        # Published after the record: x86-64 keeps the two stores in this order.
-        words = self._words
-        base = self._base
-        words[base + _TAIL] = tail
-        return WRITTEN_WAKE if words[base + _SLEEPING] else WRITTEN
+        written = self._core.try_write(payload)
+        if written >= 0:
+            return written
+        if self.error is None:
+            self._break(self._core.failure or "the consumer published an impossible head")
+        return None
 
     def write_many(self, messages: Sequence[Payload]) -> tuple[int, int] | None:
         """Append ``messages`` in order while they fit, publishing the tail once at the end;
         returns (messages, bytes) written (a prefix: fewer when the ring filled up), or None
         if the ring is broken.  Lengths are the caller's to check against ``max_message``."""
-        tail = self._tail
+        core = self._core
+        tail = core.tail
         capacity = self.capacity
-        room = self._cached_head + capacity  # the tail may advance up to here
+        room = core.cached_head + capacity  # the tail may advance up to here
         data = self.data
         u64 = self._u64
         count = nbytes = 0
@@ -183,10 +177,10 @@ class Ring:
                 if self.error is not None:
                     return None
                 head = self._words[self._base + _HEAD]
-                if head % ALIGN or head < self._cached_head or head > self._tail:
-                    self._break(f"the consumer published head {head} (tail {self._tail})")
+                if head % ALIGN or head < core.cached_head or head > core.tail:
+                    self._break(f"the consumer published head {head} (tail {core.tail})")
                     return None
-                self._cached_head = head
+                core.cached_head = head
                 room = head + capacity
                 if tail + need > room:
                     break
@@ -200,7 +194,7 @@ class Ring:
             count += 1
             nbytes += n
         if count:
-            self._tail = tail
+            core.tail = tail
             # Published once, after every record: x86-64 keeps the stores in this order.
             self._words[self._base + _TAIL] = tail
         return count, nbytes
@@ -222,7 +216,7 @@ class Ring:
         """
         if self.held is not None:
             self.release_held()
-        head = self._head
+        head = self._core.head
         words = self._words
         base = self._base
         tail = words[base + _TAIL]
@@ -242,7 +236,7 @@ class Ring:
                     self._break(f"a pad record of length {length} at offset {offset}")
                     return None
                 head += length
-                self._head = head
+                self._core.head = head
                 words[base + _HEAD] = head
                 continue
             size = _align(8 + length)
@@ -263,59 +257,11 @@ class Ring:
         waiting for room has its flag cleared and is woken through :attr:`wake_producer`."""
         if self.held is not None:
             self.release_held()
-        head = self._head
-        words = self._words
-        base = self._base
-        tail = words[base + _TAIL]
-        if head == tail:
-            return None
-        capacity = self.capacity
-        avail = tail - head
-        if avail < 0 or avail > capacity or avail % ALIGN:
-            self._break(f"the producer published tail {tail} (head {head})")
-            return None
-        u64 = self._u64
-        offset = head % capacity
-        header = u64[offset >> 3]
-        length = header & _LOW
-        kind = header >> 32
-        if kind == KIND_PAD:
-            if length != capacity - offset or length > avail:
-                self._break(f"a pad record of length {length} at offset {offset}")
-                return None
-            head += length
-            avail -= length
-            if not avail:
-                self._head = head
-                words[base + _HEAD] = head
-                return None
-            offset = 0
-            header = u64[0]
-            length = header & _LOW
-            kind = header >> 32
-        size = (length + 8 + ALIGN - 1) & ~(ALIGN - 1)
-        if (
-            kind != KIND_MESSAGE
-            or length > self.max_message
-            or size > capacity - offset
-            or size > avail
-        ):
-            self._break(f"a record of kind {kind} and length {length} at offset {offset}")
-            return None
-        mapping = self._mapping
-        if mapping is not None:
-            first = self._start + offset + 8
-            message = mapping[first : first + length]
-        else:
-            message = bytes(self.data[offset + 8 : offset + 8 + length])
-        head += size
-        self._head = head
-        words[base + _HEAD] = head
-        if words[base + _WAITING]:  # the producer waits for room: we just made some
-            words[base + _WAITING] = 0
-            if self.wake_producer is not None:
-                self.wake_producer()
-        return message
+        message = self._core.take()
+        if message is None or message.__class__ is bytes:
+            return message
+        self._break(self._core.failure or "the producer published an impossible record")
+        return None
 
     def read_many(self, limit: int) -> tuple[list[bytes], int]:
         """Copies of up to ``limit`` waiting messages and their total bytes, freeing their
@@ -324,7 +270,7 @@ class Ring:
         if self.held is not None:
             self.release_held()
         out: list[bytes] = []
-        head = self._head
+        head = self._core.head
         words = self._words
         base = self._base
         tail = words[base + _TAIL]
@@ -371,7 +317,7 @@ class Ring:
             head += size
             nbytes += length
             left -= 1
-        self._head = head
+        self._core.head = head
         words[base + _HEAD] = head
         return out, nbytes
 
@@ -431,9 +377,10 @@ class Ring:
 
     def release(self, view: memoryview) -> None:
         """Free the record :meth:`peek` returned."""
-        head = self._head + _align(8 + len(view))
+        core = self._core
+        head = core.head + _align(8 + len(view))
         view.release()
-        self._head = head
+        core.head = head
         self._words[self._base + _HEAD] = head
 
     def _break(self, what: str) -> None:
@@ -446,20 +393,21 @@ class Ring:
         self.corrupt += 1
         self.error = f"corrupt ring: {what}"
         self._words = memoryview(bytearray(8 * _DETACHED_WORDS)).cast("Q")
-        self._tail = self._head = 0
-        # Far behind any tail: every write takes the checked path, which refuses it.
-        self._cached_head = -(1 << 64)
+        self._core.release()
+        self._core = detached_core(self._words, self._base, self.data, self.max_message)
+        self._core.wake = self._wake
 
     def release_views(self) -> None:
         """Release this ring's views of the mapping (its link closes): first a view still
         lent out by :meth:`hold`, then the record views."""
         self.release_held()
+        self._core.release()  # (the C core holds the data view's buffer)
         self._u64.release()
         self.data.release()
 
     @property
     def pending(self) -> bool:
-        return self._words[self._base + _TAIL] != self._head
+        return self._words[self._base + _TAIL] != self._core.head
 
     def set_sleeping(self, sleeping: bool) -> None:
         self._words[self._base + _SLEEPING] = int(sleeping)
