@@ -81,6 +81,7 @@ HOT_MODULES: tuple[str, ...] = (
     "transports/sim/ni.py",
     "transports/sim/atm.py",
     "transports/sim/ethernet.py",
+    "transports/shm/ring_core.py",
     "transports/shm/ring.py",
     "transports/shm/link.py",
     "transports/shm/endpoint.py",
