@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Final, TypeVar, cast
 import trio
 
 from stacklib.compiled import mypyc_attr
-from stacklib.errors import PeerGone, SegmentError
+from stacklib.errors import PeerGone, SegmentError, UNetError
 from stacklib.transports.shm.link import ShmLink
 from stacklib.transports.shm.ring import WRITTEN_WAKE, Ring
 from stacklib.unet.endpoint import Endpoint, EndpointConfig, Message
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 _INJECTED: Final = DescriptorStatus.INJECTED
 _POSTED: Final = DescriptorStatus.POSTED
+_ERROR: Final = DescriptorStatus.ERROR
 _T = TypeVar("_T")
 
 #: The ``await`` calls (:meth:`ShmEndpoint.send`, ``recv``, ``send_payload_async``,
@@ -460,7 +461,12 @@ class ShmEndpoint(Endpoint):
         try:
             self.send_payload(channel, data)
         except trio.WouldBlock:  # the send queue is full: send() waits for room
-            await self.send(channel, data)
+            descriptor = await self.send(channel, data)
+            if descriptor.status is _ERROR:
+                raise UNetError(
+                    f"{self!r} channel {channel}: the NI rejected the message "
+                    f"({descriptor.error.name})"
+                ) from None
             return
         queue = self.send_queue
         if queue:
