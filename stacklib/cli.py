@@ -398,6 +398,8 @@ def _add_bench(commands: argparse._SubParsersAction[Any]) -> None:
             "shm",
             "udp",
             "trio",
+            "triopay",
+            "await",
             "udp1",
             "uam",
             "uamtrio",
@@ -406,8 +408,9 @@ def _add_bench(commands: argparse._SubParsersAction[Any]) -> None:
             "rate",
             "bulk",
         ],
-        help="run only these measurements (uam: UAM request/reply with explicit polling; "
-        "splitc: a Split-C blocking read, polled)",
+        help="run only these measurements (trio: await send/recv; triopay: await "
+        "send_payload_async/recv_payload; await: those and busy-poll in one process; uam: UAM "
+        "request/reply with explicit polling; splitc: a Split-C blocking read, polled)",
     )
     b.add_argument(
         "--compare",

@@ -98,15 +98,21 @@ def _wait_attached(endpoint: ShmEndpoint, channel: int, timeout: float = 30.0) -
 
 
 def shm_pingpong(iterations: int, size: int = 40, mode: str = "poll", warmup: int = 200) -> float:
-    """Mean round trip (s) of ``size``-byte messages to an echoing peer process over shm."""
+    """Mean round trip (s) of ``size``-byte messages to an echoing peer process over shm.
+
+    ``mode``: ``poll`` (both sides busy-poll with ``send_payload``/``poll_payload``), ``trio``
+    (both sides ``await send``/``recv``, the :class:`Message` face) or ``trio-payload`` (both
+    sides ``await send_payload_async``/``recv_payload``).
+    """
     with ShmNetwork() as network:
         endpoint, channel = open_endpoint(network)
         peer = spawn_peer(PeerSpec(network.directory, "peer", 1, "main", 1, role="echo", mode=mode))
         try:
             _wait_attached(endpoint, channel)
             message = bytes(size)
-            if mode == "trio":
-                return trio.run(_trio_pingpong, endpoint, channel, message, iterations, warmup)
+            if mode in ("trio", "trio-payload"):
+                face = _trio_pingpong if mode == "trio" else _trio_payload_pingpong
+                return trio.run(face, endpoint, channel, message, iterations, warmup)
             # The descriptor-free calls, as the echoing peer uses: raw U-Net at its leanest.
             send, poll = endpoint.send_payload, endpoint.poll_payload
             spins = 0
@@ -139,6 +145,85 @@ async def _trio_pingpong(
         await send(channel, message)
         await recv()
     return (time.perf_counter() - start) / iterations
+
+
+async def _trio_payload_pingpong(
+    endpoint: ShmEndpoint, channel: int, message: bytes, iterations: int, warmup: int
+) -> float:
+    send, recv = endpoint.send_payload_async, endpoint.recv_payload
+    for _ in range(warmup):
+        await send(channel, message)
+        await recv()
+    start = time.perf_counter()
+    for _ in range(iterations):
+        await send(channel, message)
+        await recv()
+    return (time.perf_counter() - start) / iterations
+
+
+#: The faces :func:`shm_await_cpu` measures.
+AWAIT_FACES = ("poll", "message", "payload")
+
+
+def shm_await_cpu(iterations: int = 20000, face: str = "message", size: int = 40) -> float:
+    """Mean round trip (s) between two shm endpoints of this process, in one trio task: the
+    CPU cost of a face, without the cross-CPU latency of :func:`shm_pingpong`.
+
+    Each round trip is a send from ``a``, a receive at ``b``, a send back and a receive at
+    ``a``: ``face="message"`` awaits ``send``/``recv``, ``"payload"`` awaits
+    ``send_payload_async``/``recv_payload``, ``"poll"`` calls ``send_payload``/``poll_payload``
+    (the busy-poll face, no await).  Every receive finds its message, so this is the faces'
+    own overhead: the cancellation tests, the yields every ``YIELD_EVERY`` calls, the objects.
+    """
+    if face not in AWAIT_FACES:
+        raise ValueError(f"no face {face!r} (known: {', '.join(AWAIT_FACES)})")
+    with ShmNetwork() as network:
+        a, ch_a = open_endpoint(network, name="a", remote="b")
+        b, ch_b = open_endpoint(network, name="b", remote="a")
+        return trio.run(_await_cpu, a, ch_a, b, ch_b, bytes(size), iterations, face)
+
+
+async def _await_cpu(
+    a: ShmEndpoint,
+    ch_a: int,
+    b: ShmEndpoint,
+    ch_b: int,
+    message: bytes,
+    iterations: int,
+    face: str,
+) -> float:
+    async def rounds(count: int) -> float:
+        start = time.perf_counter()
+        if face == "message":
+            send_a, recv_a, send_b, recv_b = a.send, a.recv, b.send, b.recv
+            for _ in range(count):
+                await send_a(ch_a, message)
+                await send_b(ch_b, (await recv_b()).data)
+                await recv_a()
+        elif face == "payload":
+            asend_a, arecv_a = a.send_payload_async, a.recv_payload
+            asend_b, arecv_b = b.send_payload_async, b.recv_payload
+            for _ in range(count):
+                await asend_a(ch_a, message)
+                await asend_b(ch_b, (await arecv_b())[1])
+                await arecv_a()
+        else:
+            psend_a, poll_a, psend_b, poll_b = (
+                a.send_payload,
+                a.poll_payload,
+                b.send_payload,
+                b.poll_payload,
+            )
+            for _ in range(count):
+                psend_a(ch_a, message)
+                arrival = poll_b()
+                assert arrival is not None  # in this process: sent means arrived
+                psend_b(ch_b, arrival[1])
+                poll_a()
+        return (time.perf_counter() - start) / count
+
+    await rounds(min(iterations, 500))  # warm-up
+    return await rounds(iterations)
 
 
 # UAM request/reply between two processes.  Handler 0 at rank 1 replies to handler 1 at rank 0
@@ -473,6 +558,8 @@ MEASUREMENTS = (
     "shm",
     "udp",
     "trio",
+    "triopay",
+    "await",
     "udp1",
     "uam",
     "uamtrio",
@@ -577,6 +664,8 @@ def bench_real(
         ("shm", shm_pingpong, (iterations, size, "poll")),
         ("udp", udp_pingpong, (few, size)),
         ("trio", shm_pingpong, (few, size, "trio")),
+        ("triopay", shm_pingpong, (few, size, "trio-payload")),
+        *[(f"await.{face}", shm_await_cpu, (iterations, face, size)) for face in AWAIT_FACES],
         ("udp1", udp_pingpong, (few, size, 200, True)),
         ("uam", uam_pingpong, (few, "request", "poll")),
         ("uamtrio", uam_pingpong, (few, "request", "trio")),
@@ -585,7 +674,7 @@ def bench_real(
         ("rate", shm_stream, (messages, size)),
         ("bulk", shm_stream, (bulk_messages, _BULK)),
     ]
-    plan = [step for step in plan if only is None or step[0] in only]
+    plan = [step for step in plan if only is None or step[0].partition(".")[0] in only]
     for _ in range(repeat):
         for key, fn, args in plan:
             if key in _KERNEL:  # no stacklib code to compile
@@ -610,12 +699,35 @@ def bench_real(
         ),
         (
             "trio",
-            f"{size} B ping-pong, shm, trio await: spin then block (2 CPUs)",
+            f"{size} B ping-pong, shm, trio await send/recv (Message face; 2 CPUs)",
             lambda t: t * 1e6,
             rtt,
             "-",
             lambda t: True,
         ),
+        (
+            "triopay",
+            f"{size} B ping-pong, shm, trio await send_payload_async/recv_payload (2 CPUs)",
+            lambda t: t * 1e6,
+            rtt,
+            "-",
+            lambda t: True,
+        ),
+        *[
+            (
+                f"await.{face}",
+                f"{size} B round trip in one process, one trio task, {what}",
+                lambda t: t * 1e6,
+                rtt,
+                "-",
+                lambda t: True,
+            )
+            for face, what in (
+                ("poll", "send_payload/poll_payload"),
+                ("message", "await send/recv"),
+                ("payload", "await send_payload_async/recv_payload"),
+            )
+        ],
         (
             "udp",
             f"{size} B ping-pong, kernel UDP, blocking sockets (2 CPUs)",

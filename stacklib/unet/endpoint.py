@@ -564,6 +564,19 @@ class Endpoint:
             await trio.lowlevel.cancel_shielded_checkpoint()
         return descriptor
 
+    async def send_payload_async(self, channel: int, data: bytes | bytearray | memoryview) -> None:
+        """:meth:`send` without the descriptor: the ``await`` face of :meth:`send_payload`.
+
+        Waits as :meth:`send` does; a message the NI rejects at once raises
+        :class:`UNetError` as :meth:`send_payload` does.  A transport's fast path (shm) then
+        builds no per-message object; this default calls :meth:`send`.
+        """
+        descriptor = await self.send(channel, data)
+        if descriptor.status is DescriptorStatus.ERROR:
+            raise UNetError(
+                f"{self!r} channel {channel}: the NI rejected the message ({descriptor.error.name})"
+            )
+
     def poll(self) -> Message | None:
         """The next received message, or None: the polling receive model."""
         if self._upcall_error is not None:  # the common case skips the call
@@ -651,6 +664,13 @@ class Endpoint:
         elif not waited:
             await trio.lowlevel.cancel_shielded_checkpoint()
         return message
+
+    async def recv_payload(self) -> tuple[int, bytes]:
+        """:meth:`recv` as a (channel, data) pair: the ``await`` face of :meth:`poll_payload`
+        (a direct deposit's ``dest_offset`` is not returned).  A transport's fast path (shm)
+        builds no :class:`Message`; this default calls :meth:`recv`."""
+        message = await self.recv()
+        return message.channel, message.data
 
     def __aiter__(self) -> AsyncIterator[Message]:
         return _Messages(self)

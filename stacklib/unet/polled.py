@@ -12,14 +12,67 @@ from __future__ import annotations
 import abc
 import os
 import time
-from typing import cast
+from typing import Any, Final, cast
 
+import attrs
 import trio
 
 from stacklib.compiled import mypyc_attr
 from stacklib.unet.endpoint import Endpoint, Message
 from stacklib.unet.ni import NetworkInterface
 from stacklib.wire.descriptor import SendDescriptor
+
+
+def _find_run_context() -> Any:
+    """trio's per-thread run context if its tasks and runner have what :func:`cancel_point`
+    reads (a few private fields, as the simulator's clock reads some: stacklib/sim/clock.py),
+    else None: then :func:`cancel_point` always answers True and the caller awaits trio's own
+    ``checkpoint_if_cancelled``, which is correct on any trio, only slower."""
+    run_module = getattr(getattr(trio, "_core", None), "_run", None)
+    context = getattr(run_module, "GLOBAL_RUN_CONTEXT", None)
+    wanted = {
+        "Task": {"_cancel_status", "_runner"},
+        "CancelStatus": {"effectively_cancelled"},
+        "Runner": {"ki_pending", "main_task"},
+    }
+    for name, fields in wanted.items():
+        try:
+            found = {field.name for field in attrs.fields(getattr(run_module, name, None))}  # type: ignore[arg-type]
+        except (TypeError, attrs.exceptions.NotAnAttrsClassError):
+            return None
+        if not fields <= found:
+            return None
+    return context
+
+
+#: trio's run context, read by :func:`cancel_point` (None: a trio without the fields it reads).
+_RUN_CONTEXT: Final[Any] = _find_run_context()
+
+
+def cancel_point() -> bool:
+    """The cheap half of a trio cancellation point, for a call that does not yield each time.
+
+    Returns False when the calling trio task is not cancelled (nor, as the main task, owed a
+    ``KeyboardInterrupt``).  Returns True otherwise, and also outside a trio task or on a trio
+    without the fields this reads: the caller must then ``await
+    trio.lowlevel.checkpoint_if_cancelled()``, which raises ``trio.Cancelled`` (or the
+    interrupt, or ``RuntimeError`` outside trio).  The test ``checkpoint_if_cancelled`` makes,
+    without building and awaiting a coroutine (some 0.15 us instead of 0.3: shm's whole
+    round trip is a few us).  It does not count a cancellation point for
+    ``trio.testing.assert_checkpoints``, which wants a schedule point too: a call that does
+    not yield fails that check whatever it counts.
+    """
+    context = _RUN_CONTEXT
+    if context is None:
+        return True
+    try:
+        task = context.task
+    except AttributeError:  # not in a trio task
+        return True
+    if task._cancel_status.effectively_cancelled:
+        return True
+    runner = task._runner
+    return runner.ki_pending and task is runner.main_task
 
 
 def relax(spins: int) -> None:

@@ -42,3 +42,23 @@ def test_the_command_offers_every_measurement_and_no_other() -> None:
     benches = next(a for a in bench._actions if isinstance(a, argparse._SubParsersAction))
     only = next(a for a in benches.choices["real"]._actions if a.dest == "only")
     assert tuple(only.choices or ()) == MEASUREMENTS
+
+
+def test_bench_real_measures_the_await_faces_in_one_process_and_between_two() -> None:
+    result = bench_real(iterations=200, repeat=1, only=["await", "triopay"], pure=True)
+    names = [str(row["measurement"]) for row in result.rows]
+    assert len(names) == 4
+    assert "await send_payload_async/recv_payload (2 CPUs)" in names[0]
+    assert [name.rpartition(", ")[2] for name in names[1:]] == [
+        "send_payload/poll_payload",
+        "await send/recv",
+        "await send_payload_async/recv_payload",
+    ]
+    assert all(float(row["value"]) > 0 for row in result.rows)  # type: ignore[arg-type]
+
+
+def test_shm_await_cpu_rejects_an_unknown_face() -> None:
+    from stacklib.bench.real import shm_await_cpu
+
+    with pytest.raises(ValueError, match="no face 'busy'"):
+        shm_await_cpu(10, "busy")

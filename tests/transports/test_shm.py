@@ -267,8 +267,9 @@ def test_real_benchmark_runs_with_tiny_counts() -> None:
     from stacklib.bench.real import bench_real
 
     result = bench_real(iterations=20, messages=50, bulk_messages=5, repeat=1, pure=True)
-    # Eight measurements, the two Split-C read rows and the batched rate row.
-    assert len(result.rows) == 11 and all(
+    # Eight measurements, the two Split-C read rows, the batched rate row, the payload face's
+    # ping-pong and the three faces in one process.
+    assert len(result.rows) == 15 and all(
         isinstance(row["value"], float) and row["value"] > 0 for row in result.rows
     )
     assert any("Split-C blocking read" in str(row["measurement"]) for row in result.rows)

@@ -197,9 +197,10 @@ def test_hot_spin_is_checked() -> None:
 
 
 async def test_send_yields_now_and_then_and_returns_with_the_message_in_the_ring() -> None:
-    # A 4 KiB ring holds 19 of these 200-byte messages: the rest wait in the send queue, and
-    # each ``await send`` returns only once its message is in the ring.
-    with ShmNetwork(ring_bytes=4096, max_message=1024, spin_time=0.0) as network:
+    # A 32 KiB ring holds 157 of these 200-byte messages (2 * YIELD_EVERY fit): the rest wait
+    # in the send queue, and each ``await send`` returns only once its message is in the ring.
+    assert 2 * YIELD_EVERY * 208 <= 32768
+    with ShmNetwork(ring_bytes=32768, max_message=1024, spin_time=0.0) as network:
         ep_a, ep_b, ch_a, _ = _pair(network)
         ticks = 0
         got: list[bytes] = []
@@ -218,14 +219,14 @@ async def test_send_yields_now_and_then_and_returns_with_the_message_in_the_ring
                 await trio.lowlevel.checkpoint()
                 before = ticks
                 for index in range(2 * YIELD_EVERY):  # fits the ring: no waiting
-                    descriptor = await ep_a.send(ch_a, bytes([index]) * 200)
+                    descriptor = await ep_a.send(ch_a, bytes([index & 0xFF]) * 200)
                     assert descriptor.status is DescriptorStatus.INJECTED
                 assert 1 <= ticks - before <= 3
-                for index in range(2 * YIELD_EVERY, 100):
-                    descriptor = await ep_a.send(ch_a, bytes([index]) * 200)
+                for index in range(2 * YIELD_EVERY, 300):
+                    descriptor = await ep_a.send(ch_a, bytes([index & 0xFF]) * 200)
                     assert descriptor.status is DescriptorStatus.INJECTED
                     assert not ep_a.send_queue
-                while len(got) < 100:
+                while len(got) < 300:
                     await trio.lowlevel.checkpoint()
                 nursery.cancel_scope.cancel()
-        assert [message[0] for message in got] == list(range(100))
+        assert [message[0] for message in got] == [index & 0xFF for index in range(300)]

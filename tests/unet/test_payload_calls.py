@@ -14,7 +14,9 @@ from stacklib.unet import (
     Message,
     SendDescriptor,
     UpcallCondition,
+    polled,
 )
+from stacklib.unet.polled import cancel_point
 from tests.unet.test_batch_calls import CONFIG, Rig
 from tests.unet.test_batch_calls import rig as rig  # the fixture, over every transport
 from tests.unet.test_batch_calls import shm_pair as shm_pair  # two shm endpoints, a channel
@@ -132,3 +134,44 @@ def test_send_descriptor_is_a_queue_entry() -> None:
     first.status = DescriptorStatus.INJECTED  # the NI writes status and error
     assert first.done
     assert repr(first).startswith("SendDescriptor(channel=2, fragments=(), inline=b'x', ")
+
+
+# --- the await faces ----------------------------------------------------------------------------
+
+
+def test_await_payload_faces_carry_messages_in_order(rig: Rig) -> None:
+    async def main() -> None:
+        for index in range(6):
+            assert await rig.ep_a.send_payload_async(rig.ch_a, bytes([index]) * 8) is None
+        await rig.settle()
+        got = [await rig.ep_b.recv_payload() for _ in range(6)]
+        assert got == [(rig.ch_b, bytes([index]) * 8) for index in range(6)]
+        assert (rig.ep_a.sent, rig.ep_b.received) == (6, 6)
+
+    rig.run(main)
+
+
+def test_send_payload_async_refuses_what_send_marks_as_an_error(rig: Rig) -> None:
+    if rig.kind == "sim":  # the simulated NI rejects it later: counted (above), not raised
+        return
+
+    async def main() -> None:
+        with pytest.raises(UNetError, match="channel 99: the NI rejected the message"):
+            await rig.ep_a.send_payload_async(99, b"x")
+
+    rig.run(main)
+
+
+async def test_cancel_point_tests_the_calling_task() -> None:
+    assert polled._RUN_CONTEXT is not None  # the installed trio has what it reads
+    assert cancel_point() is False
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        assert cancel_point() is True  # the caller then awaits checkpoint_if_cancelled
+        with pytest.raises(trio.Cancelled):
+            await trio.lowlevel.checkpoint_if_cancelled()
+    assert cancel_point() is False
+
+
+def test_cancel_point_outside_trio_sends_the_caller_to_trio() -> None:
+    assert cancel_point() is True  # and checkpoint_if_cancelled raises RuntimeError there

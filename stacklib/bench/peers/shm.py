@@ -35,7 +35,8 @@ class PeerSpec:
     stream, reply once with the count when a 0-byte message ends it), ``source`` (send
     ``count`` messages of ``size`` bytes, then a 0-byte end marker).  ``mode`` is ``poll``
     (busy-poll loop, no trio), ``many`` (busy-poll, a source sends in batches with
-    ``send_many``) or ``trio`` (``await recv``/``send``).
+    ``send_many``), ``trio`` (``await recv``/``send``: the :class:`Message` face) or
+    ``trio-payload`` (``await recv_payload``/``send_payload_async``: no per-message object).
     """
 
     directory: str
@@ -71,6 +72,8 @@ def peer_main(spec: PeerSpec) -> None:
     try:
         if spec.mode == "trio":
             trio.run(_peer_trio, endpoint, channel, spec)
+        elif spec.mode == "trio-payload":
+            trio.run(_peer_trio_payload, endpoint, channel, spec)
         else:
             _peer_poll(endpoint, channel, spec)
     except PeerGone:
@@ -174,6 +177,28 @@ async def _peer_trio(endpoint: ShmEndpoint, channel: int, spec: PeerSpec) -> Non
             received = 0
 
 
+async def _peer_trio_payload(endpoint: ShmEndpoint, channel: int, spec: PeerSpec) -> None:
+    """:func:`_peer_trio` through the descriptor-free ``await`` face."""
+    send, recv = endpoint.send_payload_async, endpoint.recv_payload
+    if spec.role == "source":
+        payload = bytes(spec.size)
+        for _ in range(spec.count):
+            await send(channel, payload)
+        await send(channel, b"")
+        await recv()
+        return
+    received = 0
+    while True:
+        on, data = await recv()
+        if spec.role == "echo":
+            await send(on, data)
+        elif data:
+            received += 1
+        else:
+            await send(on, received.to_bytes(8, "little"))
+            received = 0
+
+
 def spawn_peer(spec: PeerSpec) -> BaseProcess:
     """Start a peer process with the ``spawn`` start method (a fresh interpreter, as a real
     second application would be) and return it, started."""
@@ -199,7 +224,7 @@ def _main(argv: Sequence[str]) -> int:
     parser.add_argument("port", type=int, help="this peer's endpoint port")
     parser.add_argument("remote", help="the remote endpoint as NODE:PORT")
     parser.add_argument("--role", choices=["echo", "sink", "source"], default="echo")
-    parser.add_argument("--mode", choices=["poll", "trio"], default="poll")
+    parser.add_argument("--mode", choices=["poll", "trio", "trio-payload"], default="poll")
     parser.add_argument("--count", type=int, default=0)
     parser.add_argument("--size", type=int, default=40)
     args = parser.parse_args(argv)

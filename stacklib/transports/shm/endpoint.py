@@ -9,16 +9,17 @@ peer's ring.  Blocking calls poll for ``spin_time`` seconds with trio checkpoint
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Final, cast
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Final, TypeVar, cast
 
 import trio
 
 from stacklib.compiled import mypyc_attr
-from stacklib.errors import PeerGone, SegmentError
+from stacklib.errors import PeerGone, SegmentError, UNetError
 from stacklib.transports.shm.link import ShmLink
 from stacklib.transports.shm.ring import WRITTEN_WAKE, Ring
 from stacklib.unet.endpoint import Endpoint, EndpointConfig, Message
+from stacklib.unet.polled import cancel_point
 from stacklib.unet.polled import relax as relax
 from stacklib.wire.descriptor import DescriptorStatus, Fragment, SendDescriptor
 
@@ -29,10 +30,14 @@ if TYPE_CHECKING:
 
 _INJECTED: Final = DescriptorStatus.INJECTED
 _POSTED: Final = DescriptorStatus.POSTED
+_ERROR: Final = DescriptorStatus.ERROR
+_T = TypeVar("_T")
 
-#: A :meth:`ShmEndpoint.send` or :meth:`ShmEndpoint.recv` that did not wait yields to other
-#: trio tasks once in this many calls (it is a cancellation point every time).
-YIELD_EVERY: Final = 16
+#: The ``await`` calls (:meth:`ShmEndpoint.send`, ``recv``, ``send_payload_async``,
+#: ``recv_payload``) that did not wait yield to other trio tasks once in this many calls of
+#: an endpoint (each is a cancellation point every time).  A scheduler pass costs some 4-5 us
+#: here, so this adds about 0.07 us a call; other tasks wait at most this many calls' work.
+YIELD_EVERY: Final = 64
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -411,14 +416,15 @@ class ShmEndpoint(Endpoint):
         """Send, waiting while the ring is full: spin ``spin_time`` seconds with checkpoints,
         then sleep; return once the message is in the peer's ring.
 
-        Always a cancellation point.  A message queued behind a full ring is waited for until
-        this process's NI has put it into the ring (the NI has no processor: a sender that
-        returned could leave it queued with no one to push it); cancelled during that wait,
-        the message stays queued and goes out when the NI next runs.  A send that did not
-        wait yields to other tasks only every :data:`YIELD_EVERY` calls, as :meth:`recv`
-        does.
+        Always a cancellation point (:func:`cancel_point`).  A message queued behind a full
+        ring is waited for until this process's NI has put it into the ring (the NI has no
+        processor: a sender that returned could leave it queued with no one to push it);
+        cancelled during that wait, the message stays queued and goes out when the NI next
+        runs.  A send that did not wait yields to other tasks only every :data:`YIELD_EVERY`
+        calls, as :meth:`recv` does.
         """
-        await trio.lowlevel.checkpoint_if_cancelled()
+        if cancel_point():
+            await trio.lowlevel.checkpoint_if_cancelled()
         ni = self.shm_ni
         deadline = 0.0  # set once the send queue was full: this call waited
         while True:
@@ -446,6 +452,37 @@ class ShmEndpoint(Endpoint):
         await trio.lowlevel.cancel_shielded_checkpoint()
         return descriptor
 
+    async def send_payload_async(self, channel: int, data: bytes | bytearray | memoryview) -> None:
+        """:meth:`send` without the descriptor (the ``await`` face of :meth:`send_payload`):
+        the same waits, cancellation point and yields, and the same errors as
+        :meth:`send_payload`; a message the fast path takes builds no per-message object."""
+        if cancel_point():
+            await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            self.send_payload(channel, data)
+        except trio.WouldBlock:  # the send queue is full: send() waits for room
+            descriptor = await self.send(channel, data)
+            if descriptor.status is _ERROR:
+                raise UNetError(
+                    f"{self!r} channel {channel}: the NI rejected the message "
+                    f"({descriptor.error.name})"
+                ) from None
+            return
+        queue = self.send_queue
+        if queue:
+            # The ring was full: the message is the last of the queue (the fast path sends
+            # only with an empty queue, and the queue drains in order).  Wait until the NI
+            # has put it into the ring, as send() does.
+            *_, descriptor = queue
+            if descriptor.status is _POSTED:
+                await self._injected(channel, descriptor)
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return
+        self._unyielded += 1
+        if self._unyielded >= YIELD_EVERY:
+            self._unyielded = 0
+            await trio.lowlevel.cancel_shielded_checkpoint()
+
     async def _injected(self, channel: int, descriptor: SendDescriptor) -> None:
         """Wait until this process's NI has put the queued ``descriptor`` into the ring."""
         ni = self.shm_ni
@@ -467,41 +504,66 @@ class ShmEndpoint(Endpoint):
         busy channel comes sooner than a trio scheduler pass takes), then spin ``spin_time``
         seconds with checkpoints, then sleep.
 
-        Always a cancellation point.  A call that did not wait yields to other tasks only every
-        :data:`YIELD_EVERY` calls: a scheduler pass costs several microseconds, as much as
-        the whole round trip over shm, so yielding on every message would make the ``await``
-        face several times slower than polling.  Other tasks wait at most ``hot_spin`` plus
-        that many messages' work.
+        Always a cancellation point (:func:`cancel_point`: a cancelled call raises
+        ``trio.Cancelled`` before it takes a message).  A call that did not wait yields to
+        other tasks only every :data:`YIELD_EVERY` calls: a scheduler pass costs several
+        microseconds, as much as the whole round trip over shm, so yielding on every message
+        would make the ``await`` face several times slower than polling.  Other tasks wait at
+        most ``hot_spin`` plus that many calls' work.
         """
-        await trio.lowlevel.checkpoint_if_cancelled()
-        poll = self.poll
-        ni = self.shm_ni
-        message = poll()
+        if cancel_point():
+            await trio.lowlevel.checkpoint_if_cancelled()
+        message = self.poll()
         if message is None:
-            now = time.perf_counter
-            hot = now() + ni.hot_spin
-            spins = 0
-            while (message := poll()) is None and now() < hot:
-                spins += 1
-                relax(spins)  # a peer sharing this CPU runs now, not after our time slice
-        if message is not None:
+            return await self._wait(self.poll)
+        self._unyielded += 1
+        if self._unyielded >= YIELD_EVERY:
+            self._unyielded = 0
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        return message
+
+    async def recv_payload(self) -> tuple[int, bytes]:
+        """:meth:`recv` as (channel, data), no :class:`Message` (the ``await`` face of
+        :meth:`poll_payload`): the same waits, cancellation point and yields."""
+        if cancel_point():
+            await trio.lowlevel.checkpoint_if_cancelled()
+        arrival = self.poll_payload()
+        if arrival is None:
+            return await self._wait(self.poll_payload)
+        self._unyielded += 1
+        if self._unyielded >= YIELD_EVERY:
+            self._unyielded = 0
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        return arrival
+
+    async def _wait(self, poll: Callable[[], _T | None]) -> _T:
+        """The waiting part of :meth:`recv` and :meth:`recv_payload`, once ``poll`` found
+        nothing: the hot spin, then spins with checkpoints, then sleeps."""
+        ni = self.shm_ni
+        now = time.perf_counter
+        hot = now() + ni.hot_spin
+        spins = 0
+        while (arrival := poll()) is None and now() < hot:
+            spins += 1
+            relax(spins)  # a peer sharing this CPU runs now, not after our time slice
+        if arrival is not None:
             self._unyielded += 1
             if self._unyielded >= YIELD_EVERY:
                 self._unyielded = 0
                 await trio.lowlevel.cancel_shielded_checkpoint()
-            return message
+            return arrival
         self._unyielded = 0
-        deadline = time.perf_counter() + ni.spin_time
+        deadline = now() + ni.spin_time
         while True:
             self.check_open()
-            if time.perf_counter() < deadline:
+            if now() < deadline:
                 await trio.lowlevel.checkpoint()
             else:
                 await ni.idle_wait()
                 self._raise_if_failed(None)
-            message = poll()
-            if message is not None:
-                return message
+            arrival = poll()
+            if arrival is not None:
+                return arrival
 
     def _raise_if_failed(self, channel: int | None) -> None:
         """Raise :class:`PeerGone` for a failed channel whose ring is drained (once when
