@@ -72,15 +72,15 @@ class LeanPath(ExecutionPath):
             tasks.append((self.poller, "uam poller"))
         return tasks
 
-    def kick(self, peer: int | None) -> None:
+    def kick(self, peer: int | None, now: float | None = None) -> None:
         if self._deferred is not None:
             self._deferred = True  # a poll is running: it transmits when done
         elif peer is not None and not self._unsent and self.fast:
             # Only that machine has new output (a request or reply): the others' timers
             # are the pump's.
-            self._transmit(peer, self.service._machines[peer])
+            self._transmit(peer, self.service._machines[peer], True, now)
         else:
-            self._flush()
+            self._flush(now=now)
 
     def poll(self) -> int:
         """Receive from the endpoint, run the handlers, and transmit once at the end whatever
@@ -115,6 +115,7 @@ class LeanPath(ExecutionPath):
         done = False
         arrival: tuple[int, bytes] | None = first
         peer, machine = first[0], None
+        service._poll_now = now  # the handlers' replies take this reading of the clock
         try:
             while arrival is not None:
                 peer, data = arrival
@@ -127,6 +128,7 @@ class LeanPath(ExecutionPath):
             done = True
         finally:
             service._current = None
+            service._poll_now = None
             self._deferred = None
             if not done:
                 self._unpolled = True  # a handler raised: the rest waits for the next poll

@@ -105,6 +105,9 @@ class UamService(ActiveMessageService):
         self._gets: dict[tuple[int, int], tuple[int, int, int, tuple[int, ...]]] = {}
         self._inbox: deque[tuple[int, bytes]] = deque()
         self._current: tuple[UamMachine, int, int] | None = None  # machine, token, peer
+        # The clock as read by the lean poll running handlers now (None: read it): a reply
+        # from a handler is made at the poll's time, without another reading.
+        self._poll_now: float | None = None
         self._failures: dict[int, str] = {}
         self._errors: deque[BaseException] = deque()
         self._closed = False
@@ -189,8 +192,9 @@ class UamService(ActiveMessageService):
             if not machine.request_room:
                 raise trio.WouldBlock
         index = handler if handler.__class__ is int else self.handler_index(handler)
-        machine.request(index, args, self._now())
-        self._path.kick(peer)
+        now = self._now()
+        machine.request(index, args, now)
+        self._path.kick(peer, now)
 
     async def request(self, peer: int, handler: int | str, *args: int) -> None:
         """Send a request (0-4 32-bit words) to ``handler`` of ``peer``; while the window is
@@ -212,7 +216,8 @@ class UamService(ActiveMessageService):
             )
         machine, token, peer = current
         index = handler if handler.__class__ is int else self.handler_index(handler)
-        machine.reply(token, index, args, self._now())
+        now = self._poll_now
+        machine.reply(token, index, args, self._now() if now is None else now)
         self._current = None
         self._path.kick(peer)
 
