@@ -102,6 +102,8 @@ _PACK1: Final = SMALL_CODECS[1].pack
 _PACK2: Final = SMALL_CODECS[2].pack
 _PACK3: Final = SMALL_CODECS[3].pack
 _PACK4: Final = SMALL_CODECS[4].pack
+#: SMALL_CODECS[n].unpack, bound once (compiled, a module's Final is a C static).
+_UNPACK: Final = tuple(codec.unpack for codec in SMALL_CODECS)
 
 
 class UamState(enum.Enum):
@@ -435,7 +437,8 @@ class UamMachine:
         Raises :class:`LocalProtocolError` when the window is full (``request_room == 0``:
         the driver polls and waits first), after failure, or for a bad handler or argument.
         """
-        if handler.__class__ is not int or not 0 <= handler <= 255:
+        # (type(), not __class__: compiled, type() is a pointer comparison.)
+        if type(handler) is not int or not 0 <= handler <= 255:
             _check_handler(handler)
         out = _Out(_REQUEST, handler, _check_args(args), None, b"", True)
         if self._failed or self._credits_used + len(self._backlog) >= self.window:
@@ -507,7 +510,8 @@ class UamMachine:
     def reply(self, token: int, handler: int, args: Sequence[int], now: float) -> None:
         """Reply to the request whose event carried ``token``: only while it is the event
         being handled, and once.  Replies do not wait for window space."""
-        if handler.__class__ is not int or not 0 <= handler <= 255:
+        # (type(), not __class__: compiled, type() is a pointer comparison.)
+        if type(handler) is not int or not 0 <= handler <= 255:
             _check_handler(handler)
         out = _Out(_REPLY, handler, _check_args(args))
         if token != self._open_token or self._open_type != _REQUEST or self._failed:
@@ -541,7 +545,7 @@ class UamMachine:
             # other datagram of these sizes goes through parse(), which counts what is wrong.
             nargs = (size - HEADER_SIZE) >> 2
             # (Typed: compiled, the fields below are then native ints.)
-            fields: tuple[int, ...] = SMALL_CODECS[nargs].unpack(datagram)
+            fields: tuple[int, ...] = _UNPACK[nargs](datagram)
             kind, handler, seq, ack = fields[0], fields[1], fields[2], fields[3]
             if fields[4] == nargs:
                 if kind in (_REQUEST, _REPLY):

@@ -191,7 +191,7 @@ class UamService(ActiveMessageService):
             self._check_usable(peer)
             if not machine.request_room:
                 raise trio.WouldBlock
-        index = handler if handler.__class__ is int else self.handler_index(handler)
+        index = handler if type(handler) is int else self.handler_index(handler)
         now = self._now()
         machine.request(index, args, now)
         self._path.kick(peer, now)
@@ -215,7 +215,7 @@ class UamService(ActiveMessageService):
                 "(a reply handler may not reply: paper 000 §5)"
             )
         machine, token, peer = current
-        index = handler if handler.__class__ is int else self.handler_index(handler)
+        index = handler if type(handler) is int else self.handler_index(handler)
         now = self._poll_now
         machine.reply(token, index, args, self._now() if now is None else now)
         self._current = None
@@ -301,8 +301,8 @@ class UamService(ActiveMessageService):
         """Take everything ``machine`` has for the application and run its handlers."""
         count = 0
         handlers = self._handlers
-        take = machine.take
-        while (taken := take()) is not None:
+        # (machine.take(), not a bound method kept in a local: compiled, a native call.)
+        while (taken := machine.take()) is not None:
             count += 1
             if not isinstance(taken, tuple):
                 self._dispatch(peer, machine, taken)
@@ -311,12 +311,22 @@ class UamService(ActiveMessageService):
             handler = handlers[taken[1]]
             if handler is None:
                 self.unknown_handler += 1
-            elif taken[0] == _REQUEST:
+                continue
+            request = taken[0] == _REQUEST
+            if request:
                 self._current = (machine, taken[3], peer)
-                handler(peer, *taken[2])
-                self._current = None
+            # The words as they arrived (objects: compiled, not unboxed and boxed again), in
+            # a call with fixed arguments for the common arities (a star call builds a tuple).
+            words: tuple[object, ...] = taken[2]
+            nwords = len(words)
+            if nwords == 4:
+                handler(peer, words[0], words[1], words[2], words[3])
+            elif nwords == 0:
+                handler(peer)
             else:
-                handler(peer, *taken[2])
+                handler(peer, *words)
+            if request:
+                self._current = None
         return count
 
     async def wait_until(self, predicate: Callable[[], bool]) -> None:
