@@ -292,14 +292,14 @@ def _check_args(args: Sequence[object]) -> tuple[int, ...]:
     if len(args) <= MAX_ARGS:
         # The common case first: plain ints in range (one comparison chain per word).
         for arg in args:
-            if arg.__class__ is not int:
+            if type(arg) is not int:  # (compiled: a pointer comparison)
                 break
             word: int = arg  # an int now: compared natively (compiled)
             if not 0 <= word <= WORD_MAX:
                 break
         else:
             # (An annotated assignment, not cast(): in the pure modules cast is a call.)
-            words: tuple[int, ...] = args if args.__class__ is tuple else tuple(args)  # type: ignore[arg-type]
+            words: tuple[int, ...] = args if type(args) is tuple else tuple(args)  # type: ignore[arg-type]
             return words
     if len(args) > MAX_ARGS:
         raise LocalProtocolError(f"UAM: at most {MAX_ARGS} argument words, got {len(args)}")
@@ -310,7 +310,7 @@ def _check_args(args: Sequence[object]) -> tuple[int, ...]:
 
 
 def _check_handler(handler: int) -> int:
-    if handler.__class__ is int and 0 <= handler <= 255:
+    if type(handler) is int and 0 <= handler <= 255:
         return handler
     if isinstance(handler, bool) or not isinstance(handler, int) or not 0 <= handler <= 255:
         raise LocalProtocolError(f"UAM: handler index {handler!r} is not in 0..255")
