@@ -271,9 +271,12 @@ class _Out:
         self.acked = False
 
 
-def _pack_small(kind: int, handler: int, seq: int, ack: int, args: tuple[int, ...]) -> bytes:
+def _pack_small(kind: int, handler: int, seq: int, ack: int, words: tuple[int, ...]) -> bytes:
     """A REQUEST or REPLY (no bulk header) in one struct call with fixed arguments (a call
     with ``*args`` builds a tuple first)."""
+    # The words as objects: compiled, each would otherwise be unboxed and boxed again (a new
+    # int object for every word above 256).
+    args: tuple[object, ...] = words
     nargs = len(args)
     if nargs == 4:
         return _PACK4(kind, handler, seq, ack, 4, args[0], args[1], args[2], args[3])
