@@ -153,6 +153,13 @@ def _bench(args: argparse.Namespace) -> Any:
             compare=args.compare,
             pure=args.pure,
         )
+    elif args.bench == "cpu":
+        from stacklib.bench import cpu, engines
+
+        engines.prepare(args.pure, lambda line: print(line, file=sys.stderr, flush=True))
+        result = cpu.bench_cpu(
+            iterations=args.iterations, repeat=args.repeat, only=args.only, pure=args.pure
+        )
     elif args.bench == "spmd":
         from stacklib.bench.spmd import bench_spmd
 
@@ -425,6 +432,23 @@ def _add_bench(commands: argparse._SubParsersAction[Any]) -> None:
         "measured on the compiled copy, built first when mypyc is installed)",
     )
     _wall_clock_options(b, repeat=3)
+    b = benches.add_parser(
+        "cpu",
+        help="UAM request/reply's CPU per round trip, both sides in one process",
+        description="One process, one thread: two UAM protocol machines handing each other "
+        "their datagrams, and two UAM services over an in-process shm endpoint pair polled "
+        "explicitly; per round trip, on the pure modules and the compiled copy "
+        "(docs/performance.md).",
+    )
+    b.add_argument("--iterations", type=int, default=50000, help="round trips per run")
+    b.add_argument("--only", nargs="+", choices=["machine", "service"], help="run only these rows")
+    b.add_argument(
+        "--pure",
+        action="store_true",
+        help="measure the pure Python modules only (by default also the compiled copy, "
+        "built first when mypyc is installed)",
+    )
+    _wall_clock_options(b, repeat=5)
     b = benches.add_parser(
         "spmd",
         help="Split-C over shm vs mpi4py: the small-message radix sort and a barrier/"

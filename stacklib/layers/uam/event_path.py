@@ -78,7 +78,7 @@ class EventPath(ExecutionPath):
             self._on_arrival()
         return []
 
-    def kick(self, peer: int | None) -> None:
+    def kick(self, peer: int | None, now: float | None = None) -> None:
         if peer is None:
             self._touched_all = True
         else:

@@ -54,7 +54,9 @@ class LeanPath(ExecutionPath):
         self._kick_event = trio.Event()
         self._kicked = False  # _kick_event is set (a flag: testing the event is a call)
         self._pump_deadline = math.inf  # when the pump wakes next (inf: only if kicked)
-        self._last_poll = -math.inf  # perf_counter of the application's last poll
+        # The application's polls, counted (a clock reading per poll would cost more): the
+        # receive task keeps spinning while this moves.
+        self._polls = 0
         self._deferred: bool | None = None  # in a poll: None, or whether to flush after
         self._unsent: dict[int, deque[bytes]] = {}
         # Set when the machines may hold arrivals or events no poll has run yet (taken by the
@@ -72,15 +74,15 @@ class LeanPath(ExecutionPath):
             tasks.append((self.poller, "uam poller"))
         return tasks
 
-    def kick(self, peer: int | None) -> None:
+    def kick(self, peer: int | None, now: float | None = None) -> None:
         if self._deferred is not None:
             self._deferred = True  # a poll is running: it transmits when done
         elif peer is not None and not self._unsent and self.fast:
             # Only that machine has new output (a request or reply): the others' timers
             # are the pump's.
-            self._transmit(peer, self.service._machines[peer])
+            self._transmit(peer, self.service._machines[peer], True, now)
         else:
-            self._flush()
+            self._flush(now=now)
 
     def poll(self) -> int:
         """Receive from the endpoint, run the handlers, and transmit once at the end whatever
@@ -90,7 +92,7 @@ class LeanPath(ExecutionPath):
         poll, nothing refused by the endpoint) is :meth:`_poll_arrivals`: an empty poll costs
         one look at the endpoint.  Everything else takes :meth:`_poll_all`, the reference.
         """
-        self._last_poll = time.perf_counter()
+        self._polls += 1
         if self._deferred is not None or self._unpolled or self._unsent or not self.fast:
             return self._poll_all()
         arrival = self._endpoint.poll_payload()
@@ -107,14 +109,16 @@ class LeanPath(ExecutionPath):
         the one transmission, with the same acknowledgment)."""
         service = self.service
         machines = service._machines
-        run = service._run_handlers
-        poll = self._endpoint.poll_payload  # (channel, data): no Message per datagram
+        # (channel, data): no Message per datagram.  (endpoint.poll_payload() at each call,
+        # not a bound method kept: compiled, a native call.)
+        endpoint = self._endpoint
         now = service._now()
         count = 0
         self._deferred = False
         done = False
         arrival: tuple[int, bytes] | None = first
         peer, machine = first[0], None
+        service._poll_now = now  # the handlers' replies take this reading of the clock
         try:
             while arrival is not None:
                 peer, data = arrival
@@ -122,11 +126,12 @@ class LeanPath(ExecutionPath):
                 if machine is None:
                     machine = service._add_machine(peer)
                 machine.receive(data, now)
-                count += run(peer, machine)
-                arrival = poll()
+                count += service._run_handlers(peer, machine)  # (compiled: a native call)
+                arrival = endpoint.poll_payload()
             done = True
         finally:
             service._current = None
+            service._poll_now = None
             self._deferred = None
             if not done:
                 self._unpolled = True  # a handler raised: the rest waits for the next poll
@@ -211,7 +216,11 @@ class LeanPath(ExecutionPath):
             spin = self._spin
             deadline = time.perf_counter() + spin
             spins = 0
-            while (now := time.perf_counter()) < deadline or now < self._last_poll + spin:
+            polls = self._polls
+            while (now := time.perf_counter()) < deadline or self._polls != polls:
+                if self._polls != polls:  # the application polled since the last look
+                    polls = self._polls
+                    deadline = now + spin
                 spins += 1
                 relax(spins)  # a peer sharing this CPU runs now, not after our time slice
                 await trio.lowlevel.checkpoint()
@@ -228,8 +237,8 @@ class LeanPath(ExecutionPath):
         Handlers wait for a poll; acknowledgments and window room take effect."""
         if self._arrivals_full():
             return 0  # handlers first: the next datagram may be for that peer
-        poll = self._endpoint.poll_payload
-        arrival = poll()
+        endpoint = self._endpoint
+        arrival = endpoint.poll_payload()
         if arrival is None:
             return 0
         service = self.service
@@ -248,7 +257,7 @@ class LeanPath(ExecutionPath):
                 # Taking more would drop this peer's next PDU (go-back-N would resend it and
                 # everything after it, after a timeout); at the endpoint it waits for a poll.
                 break
-            arrival = poll()
+            arrival = endpoint.poll_payload()
         if flush:
             self._flush()  # window room for the backlog, or an ACK owed for a duplicate
         if service._waiting:
@@ -271,7 +280,7 @@ class LeanPath(ExecutionPath):
         if len(items) == 1 and not unsent and self.fast:
             peer, machine = items[0]
             return self._transmit(peer, machine, kick, now)
-        send = self._endpoint.send_nowait
+        endpoint = self._endpoint
         if now is None:
             now = service._now()
         moved = False
@@ -288,7 +297,7 @@ class LeanPath(ExecutionPath):
             if datagrams:
                 for index, datagram in enumerate(datagrams):
                     try:
-                        send(peer, datagram)
+                        endpoint.send_nowait(peer, datagram)
                     except trio.WouldBlock:
                         unsent.setdefault(peer, deque()).extend(datagrams[index:])
                         done = False
@@ -314,10 +323,10 @@ class LeanPath(ExecutionPath):
         datagrams = machine.datagrams_to_send(now)
         done = True
         if datagrams:
-            send = self._endpoint.send_nowait
+            endpoint = self._endpoint
             for index, datagram in enumerate(datagrams):
                 try:
-                    send(peer, datagram)
+                    endpoint.send_nowait(peer, datagram)  # (compiled: a native call)
                 except trio.WouldBlock:
                     self._unsent[peer] = deque(datagrams[index:])
                     done = False

@@ -95,6 +95,15 @@ _REQUEST: Final = int(PduType.REQUEST)
 _REPLY: Final = int(PduType.REPLY)
 _ACK: Final = int(PduType.ACK)
 _SMALL_MAX: Final = HEADER_SIZE + 4 * MAX_ARGS  # the largest PDU without a bulk header
+_GET: Final = int(PduType.GET)
+_NONE: Final = 0  # no open request or get (the type byte of none)
+_PACK0: Final = SMALL_CODECS[0].pack
+_PACK1: Final = SMALL_CODECS[1].pack
+_PACK2: Final = SMALL_CODECS[2].pack
+_PACK3: Final = SMALL_CODECS[3].pack
+_PACK4: Final = SMALL_CODECS[4].pack
+#: SMALL_CODECS[n].unpack, bound once (compiled, a module's Final is a C static).
+_UNPACK: Final = tuple(codec.unpack for codec in SMALL_CODECS)
 
 
 class UamState(enum.Enum):
@@ -221,20 +230,63 @@ class UamStatistics:
     window_used: int  #: requests, chunks and gets unacknowledged (at most ``window``)
 
 
-@attrs.define(slots=True)
 class _Out:
     """A PDU kept until acknowledged; its header is built at each transmission, so a
-    retransmission carries the current ack."""
+    retransmission carries the current ack.  ``type`` is the type byte (a :class:`PduType`
+    or its int).
 
-    type: PduType
-    handler: int = 0
-    args: tuple[int, ...] = ()
-    bulk: Bulk | None = None
-    data: bytes = b""
-    credit: bool = False  # consumes window space (requests, store chunks, gets)
-    seq: int = -1
-    transmissions: int = 0
-    acked: bool = False
+    A plain class, not attrs: compiled (stacklib compile), its constructor is native; one
+    is made per PDU sent.
+    """
+
+    __slots__ = (
+        "acked",
+        "args",
+        "bulk",
+        "credit",
+        "data",
+        "handler",
+        "seq",
+        "transmissions",
+        "type",
+    )
+
+    def __init__(
+        self,
+        type: int,
+        handler: int = 0,
+        args: tuple[int, ...] = (),
+        bulk: Bulk | None = None,
+        data: bytes = b"",
+        credit: bool = False,  # consumes window space (requests, store chunks, gets)
+    ) -> None:
+        self.type = type
+        self.handler = handler
+        self.args = args
+        self.bulk = bulk
+        self.data = data
+        self.credit = credit
+        self.seq = -1
+        self.transmissions = 0
+        self.acked = False
+
+
+def _pack_small(kind: int, handler: int, seq: int, ack: int, words: tuple[int, ...]) -> bytes:
+    """A REQUEST or REPLY (no bulk header) in one struct call with fixed arguments (a call
+    with ``*args`` builds a tuple first)."""
+    # The words as objects: compiled, each would otherwise be unboxed and boxed again (a new
+    # int object for every word above 256).
+    args: tuple[object, ...] = words
+    nargs = len(args)
+    if nargs == 4:
+        return _PACK4(kind, handler, seq, ack, 4, args[0], args[1], args[2], args[3])
+    if nargs == 0:
+        return _PACK0(kind, handler, seq, ack, 0)
+    if nargs == 1:
+        return _PACK1(kind, handler, seq, ack, 1, args[0])
+    if nargs == 2:
+        return _PACK2(kind, handler, seq, ack, 2, args[0], args[1])
+    return _PACK3(kind, handler, seq, ack, 3, args[0], args[1], args[2])
 
 
 def _check_args(args: Sequence[object]) -> tuple[int, ...]:
@@ -243,11 +295,14 @@ def _check_args(args: Sequence[object]) -> tuple[int, ...]:
     if len(args) <= MAX_ARGS:
         # The common case first: plain ints in range (one comparison chain per word).
         for arg in args:
-            if type(arg) is not int or not 0 <= arg <= WORD_MAX:
+            if type(arg) is not int:  # (compiled: a pointer comparison)
+                break
+            word: int = arg  # an int now: compared natively (compiled)
+            if not 0 <= word <= WORD_MAX:
                 break
         else:
             # (An annotated assignment, not cast(): in the pure modules cast is a call.)
-            words: tuple[int, ...] = args if args.__class__ is tuple else tuple(args)  # type: ignore[arg-type]
+            words: tuple[int, ...] = args if type(args) is tuple else tuple(args)  # type: ignore[arg-type]
             return words
     if len(args) > MAX_ARGS:
         raise LocalProtocolError(f"UAM: at most {MAX_ARGS} argument words, got {len(args)}")
@@ -258,7 +313,7 @@ def _check_args(args: Sequence[object]) -> tuple[int, ...]:
 
 
 def _check_handler(handler: int) -> int:
-    if handler.__class__ is int and 0 <= handler <= 255:
+    if type(handler) is int and 0 <= handler <= 255:
         return handler
     if isinstance(handler, bool) or not isinstance(handler, int) or not 0 <= handler <= 255:
         raise LocalProtocolError(f"UAM: handler index {handler!r} is not in 0..255")
@@ -303,6 +358,7 @@ class UamMachine:
         self.chunk_size = chunk_size
         self._ack_threshold = max(1, window // 2)
         self._state = UamState.OPEN
+        self._failed = False  # self._state is UamState.FAILED (a flag: read on every call)
         # Sender half.
         self._next_seq = initial_seq
         self._unacked: deque[_Out] = deque()
@@ -320,7 +376,7 @@ class UamMachine:
         self._ack_deadline: float | None = None
         self._ack_now = False
         self._open_token: int | None = None
-        self._open_type: PduType | None = None
+        self._open_type = _NONE  # the type of what _open_token answers: _REQUEST or _GET
         self._open_pdu: Arrival | None = None
         self._inbox_parts: list[bytes] = []
         self._events: deque[Event] = deque()
@@ -345,7 +401,7 @@ class UamMachine:
     @property
     def request_room(self) -> int:
         """How many more requests (or bulk operations) are accepted now (0 once failed)."""
-        if self._state is UamState.FAILED:
+        if self._failed:
             return 0
         return max(0, self.window - self._credits_used - len(self._backlog))
 
@@ -384,13 +440,11 @@ class UamMachine:
         Raises :class:`LocalProtocolError` when the window is full (``request_room == 0``:
         the driver polls and waits first), after failure, or for a bad handler or argument.
         """
-        if handler.__class__ is not int or not 0 <= handler <= 255:
+        # (type(), not __class__: compiled, type() is a pointer comparison.)
+        if type(handler) is not int or not 0 <= handler <= 255:
             _check_handler(handler)
-        out = _Out(PduType.REQUEST, handler, _check_args(args), None, b"", True)
-        if (
-            self._state is not UamState.OPEN
-            or self._credits_used + len(self._backlog) >= self.window
-        ):
+        out = _Out(_REQUEST, handler, _check_args(args), None, b"", True)
+        if self._failed or self._credits_used + len(self._backlog) >= self.window:
             self._check_room()
         self._backlog.append(out)
 
@@ -459,22 +513,19 @@ class UamMachine:
     def reply(self, token: int, handler: int, args: Sequence[int], now: float) -> None:
         """Reply to the request whose event carried ``token``: only while it is the event
         being handled, and once.  Replies do not wait for window space."""
-        if handler.__class__ is not int or not 0 <= handler <= 255:
+        # (type(), not __class__: compiled, type() is a pointer comparison.)
+        if type(handler) is not int or not 0 <= handler <= 255:
             _check_handler(handler)
-        out = _Out(PduType.REPLY, handler, _check_args(args))
-        if (
-            token != self._open_token
-            or self._open_type is not PduType.REQUEST
-            or self._state is UamState.FAILED
-        ):
-            self._take_token(token, PduType.REQUEST)  # raises, naming the rule broken
+        out = _Out(_REPLY, handler, _check_args(args))
+        if token != self._open_token or self._open_type != _REQUEST or self._failed:
+            self._take_token(token, _REQUEST)  # raises, naming the rule broken
         self._open_token = None
         self._assign(out, now)
 
     def reply_get(self, token: int, data: bytes | None, now: float) -> None:
         """Answer the :class:`GetReceived` that carried ``token`` with ``data``, or with a
         refusal (``None``: the address was outside the region or the region unknown)."""
-        get = self._take_token(token, PduType.GET)
+        get = self._take_token(token, _GET)
         bulk = get[4]
         if bulk is None:  # pragma: no cover - parse guarantees a GET has a bulk header
             raise LocalProtocolError("UAM: the GET being answered has no bulk header")
@@ -488,7 +539,7 @@ class UamMachine:
 
     def receive(self, datagram: bytes | bytearray | memoryview, now: float) -> None:
         """Feed one datagram from the peer.  Never raises on bad input: drops and counts it."""
-        if self._state is UamState.FAILED:
+        if self._failed:
             self._ignored += 1
             return
         size = len(datagram)
@@ -496,7 +547,8 @@ class UamMachine:
             # Fast path: a well-formed REQUEST, REPLY or ACK decodes in one struct call.  Any
             # other datagram of these sizes goes through parse(), which counts what is wrong.
             nargs = (size - HEADER_SIZE) >> 2
-            fields = SMALL_CODECS[nargs].unpack(datagram)
+            # (Typed: compiled, the fields below are then native ints.)
+            fields: tuple[int, ...] = _UNPACK[nargs](datagram)
             kind, handler, seq, ack = fields[0], fields[1], fields[2], fields[3]
             if fields[4] == nargs:
                 if kind in (_REQUEST, _REPLY):
@@ -582,7 +634,7 @@ class UamMachine:
 
     def datagrams_to_send(self, now: float) -> list[bytes]:
         """The datagrams to transmit to the peer now, in order; each is returned once."""
-        if self._state is UamState.FAILED:
+        if self._failed:
             return []
         backlog = self._backlog
         while backlog and self._credits_used < self.window:
@@ -599,17 +651,12 @@ class UamMachine:
                     self._sent += 1
                 item.transmissions += 1
                 if item.bulk is None:  # REQUEST or REPLY: one struct call
-                    args = item.args
-                    out.append(
-                        SMALL_CODECS[len(args)].pack(
-                            item.type, item.handler, item.seq, ack, len(args), *args
-                        )
-                    )
+                    out.append(_pack_small(item.type, item.handler, item.seq, ack, item.args))
                 else:
                     out.append(
                         build(
                             Pdu(
-                                item.type,
+                                PduType(item.type),
                                 item.seq,
                                 ack,
                                 item.handler,
@@ -639,7 +686,7 @@ class UamMachine:
         ):
             self._acks_sent += 1
             self._advertised()
-            return [SMALL_CODECS[0].pack(_ACK, 0, 0, ack, 0)]
+            return [_PACK0(_ACK, 0, 0, ack, 0)]
         return out
 
     def next_event(self) -> Event | None:
@@ -671,7 +718,7 @@ class UamMachine:
             kind = arrival[0]
             if kind == _REQUEST:
                 self._open_token = seq
-                self._open_type = PduType.REQUEST
+                self._open_type = _REQUEST
                 self._open_pdu = arrival
                 return arrival
             if kind == _REPLY:
@@ -712,7 +759,7 @@ class UamMachine:
     # ------------------------------------------------------------------ internals
 
     def _check_room(self) -> None:
-        if self._state is UamState.FAILED:
+        if self._failed:
             raise LocalProtocolError("UAM: the peer failed; nothing more can be sent to it")
         if self.request_room <= 0:
             raise LocalProtocolError(
@@ -731,11 +778,11 @@ class UamMachine:
         self._next_xfer = (xfer + 1) & _MASK
         return xfer
 
-    def _take_token(self, token: int, kind: PduType) -> Arrival:
-        if self._state is UamState.FAILED:
+    def _take_token(self, token: int, kind: int) -> Arrival:
+        if self._failed:
             raise LocalProtocolError("UAM: the peer failed; nothing more can be sent to it")
         pdu = self._open_pdu
-        if token != self._open_token or self._open_type is not kind or pdu is None:
+        if token != self._open_token or self._open_type != kind or pdu is None:
             raise LocalProtocolError(
                 "UAM: a reply is allowed only from a request handler, once "
                 "(a reply handler may not reply: paper 000 §5)"
@@ -798,7 +845,7 @@ class UamMachine:
             )
         if kind == PduType.GET:
             self._open_token = seq
-            self._open_type = PduType.GET
+            self._open_type = _GET
             self._open_pdu = arrival
             return GetReceived(
                 region=bulk.region,
@@ -831,6 +878,7 @@ class UamMachine:
         undelivered = len(self._unacked) + len(self._backlog)
         self._events.append(PeerFailed(retransmissions=self._retries, undelivered=undelivered))
         self._state = UamState.FAILED
+        self._failed = True
         self._unacked.clear()
         self._backlog.clear()
         self._to_send = []

@@ -103,8 +103,9 @@ class ExecutionPath:
         """Begin (inside the run, after the service's clock is bound); the background tasks."""
         return []
 
-    def kick(self, peer: int | None) -> None:
-        """A machine (``peer``'s, or any) may have something to send."""
+    def kick(self, peer: int | None, now: float | None = None) -> None:
+        """A machine (``peer``'s, or any) may have something to send; ``now``, if given, is
+        the caller's reading of the service's clock (a path may use it instead of its own)."""
         raise NotImplementedError
 
     def poll(self) -> int:

@@ -105,6 +105,9 @@ class UamService(ActiveMessageService):
         self._gets: dict[tuple[int, int], tuple[int, int, int, tuple[int, ...]]] = {}
         self._inbox: deque[tuple[int, bytes]] = deque()
         self._current: tuple[UamMachine, int, int] | None = None  # machine, token, peer
+        # The clock as read by the lean poll running handlers now (None: read it): a reply
+        # from a handler is made at the poll's time, without another reading.
+        self._poll_now: float | None = None
         self._failures: dict[int, str] = {}
         self._errors: deque[BaseException] = deque()
         self._closed = False
@@ -188,9 +191,10 @@ class UamService(ActiveMessageService):
             self._check_usable(peer)
             if not machine.request_room:
                 raise trio.WouldBlock
-        index = handler if handler.__class__ is int else self.handler_index(handler)
-        machine.request(index, args, self._now())
-        self._path.kick(peer)
+        index = handler if type(handler) is int else self.handler_index(handler)
+        now = self._now()
+        machine.request(index, args, now)
+        self._path.kick(peer, now)
 
     async def request(self, peer: int, handler: int | str, *args: int) -> None:
         """Send a request (0-4 32-bit words) to ``handler`` of ``peer``; while the window is
@@ -211,8 +215,9 @@ class UamService(ActiveMessageService):
                 "(a reply handler may not reply: paper 000 §5)"
             )
         machine, token, peer = current
-        index = handler if handler.__class__ is int else self.handler_index(handler)
-        machine.reply(token, index, args, self._now())
+        index = handler if type(handler) is int else self.handler_index(handler)
+        now = self._poll_now
+        machine.reply(token, index, args, self._now() if now is None else now)
         self._current = None
         self._path.kick(peer)
 
@@ -296,8 +301,8 @@ class UamService(ActiveMessageService):
         """Take everything ``machine`` has for the application and run its handlers."""
         count = 0
         handlers = self._handlers
-        take = machine.take
-        while (taken := take()) is not None:
+        # (machine.take(), not a bound method kept in a local: compiled, a native call.)
+        while (taken := machine.take()) is not None:
             count += 1
             if not isinstance(taken, tuple):
                 self._dispatch(peer, machine, taken)
@@ -306,12 +311,22 @@ class UamService(ActiveMessageService):
             handler = handlers[taken[1]]
             if handler is None:
                 self.unknown_handler += 1
-            elif taken[0] == _REQUEST:
+                continue
+            request = taken[0] == _REQUEST
+            if request:
                 self._current = (machine, taken[3], peer)
-                handler(peer, *taken[2])
-                self._current = None
+            # The words as they arrived (objects: compiled, not unboxed and boxed again), in
+            # a call with fixed arguments for the common arities (a star call builds a tuple).
+            words: tuple[object, ...] = taken[2]
+            nwords = len(words)
+            if nwords == 4:
+                handler(peer, words[0], words[1], words[2], words[3])
+            elif nwords == 0:
+                handler(peer)
             else:
-                handler(peer, *taken[2])
+                handler(peer, *words)
+            if request:
+                self._current = None
         return count
 
     async def wait_until(self, predicate: Callable[[], bool]) -> None:

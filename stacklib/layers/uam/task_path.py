@@ -55,7 +55,7 @@ class TaskPath(ExecutionPath):
             tasks.append((self.poller, "uam poller"))
         return tasks
 
-    def kick(self, peer: int | None) -> None:
+    def kick(self, peer: int | None, now: float | None = None) -> None:
         self.driver.kick()
 
     def poll(self) -> int:
