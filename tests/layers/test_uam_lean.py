@@ -217,3 +217,31 @@ async def test_after_a_raising_handler_the_rest_runs_at_the_next_poll(fast: bool
             assert seen == [0, 1]
             assert b.poll() == 2
             assert seen == [0, 1, 2, 3]
+
+
+async def test_the_service_reads_trio_s_default_clock_without_calling_it() -> None:
+    from time import perf_counter
+
+    from stacklib.layers.uam import service as service_module
+
+    clock = trio.lowlevel.current_clock()
+    offset = service_module._clock_offset(clock)
+    assert offset is not None
+    assert abs(offset + perf_counter() - trio.current_time()) < 1e-3
+    # Any other clock (virtual time, a test's) is called, not read around.
+    assert service_module._clock_offset(trio.testing.MockClock()) is None
+
+    class Lookalike(trio.abc.Clock):  # right name, wrong module: not trio's
+        offset = 5.0
+
+        def start_clock(self) -> None:
+            pass
+
+        def current_time(self) -> float:
+            return 0.0
+
+        def deadline_to_sleep_time(self, deadline: float) -> float:
+            return 0.0
+
+    Lookalike.__name__ = "SystemClock"
+    assert service_module._clock_offset(Lookalike()) is None
