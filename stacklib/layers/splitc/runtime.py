@@ -34,6 +34,7 @@ sc.split_phase():``) and the polling face (``get_nowait``, ``put_nowait``, ``sto
 from __future__ import annotations
 
 import os
+import struct
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -50,6 +51,7 @@ from stacklib.layers.splitc.wire import (
     Kind,
     SplitcFormatError,
     Status,
+    plain_words,
     reply_fields,
     reply_words,
     request_fields,
@@ -78,6 +80,19 @@ _H_PUT: Final = "splitc.put"
 _H_GOT: Final = "splitc.got"
 _H_COLL: Final = "splitc.coll"
 _COLL_REGION: Final = "splitc.collective"
+# The wire codes the scalar fast paths compare and build (wire.py): module constants, not
+# enum attribute look-ups per message in the compiled copy.
+_READ: Final = Kind.READ
+_WRITE: Final = Kind.WRITE
+_STORE: Final = Kind.STORE
+_READ_CODE: Final = 1
+_VALUE_CODE: Final = 5
+_ACK_CODE: Final = 6
+_WORD_MAX: Final = 0xFFFFFFFF
+_ELEMENT_WORDS: Final = struct.Struct(">II")  # an 8-byte element as a message's value words
+#: struct formats that decode a native element as numpy's ``item()`` does (same Python type
+#: and value); other dtypes (complex, datetime, byte-swapped) take numpy.
+_STRUCT_CHARS: Final = frozenset("?bBhHiIlLqQefd")
 _REDUCERS: Final[dict[str, Callable[..., Any]]] = {
     "sum": np.add,
     "max": np.maximum,
@@ -133,17 +148,29 @@ class SpreadArray:
 
 
 class Pending:
-    """A split-phase operation: complete after :meth:`SplitC.sync` (or once :attr:`done`)."""
+    """A split-phase operation: complete after :meth:`SplitC.sync` (or once :attr:`done`).
 
-    __slots__ = ("_dtype", "_operation", "_raw", "_target", "done", "error")
+    ``dtype`` (gets) is the type of the value fetched; ``decoder``, if given, a
+    ``struct.Struct`` of that dtype's native element, which :attr:`value` uses instead of numpy
+    (the same Python value, without building an array and a numpy scalar per read).
+    """
 
-    def __init__(self, operation: str, target: object, dtype: np.dtype[Any] | None = None) -> None:
+    __slots__ = ("_decoder", "_dtype", "_operation", "_raw", "_target", "done", "error")
+
+    def __init__(
+        self,
+        operation: str,
+        target: object,
+        dtype: np.dtype[Any] | None = None,
+        decoder: struct.Struct | None = None,
+    ) -> None:
         # The description is formatted only when shown: most operations never are.
         self._operation = operation
         self._target = target
         self.done = False
         self.error: SplitcAccessError | None = None
         self._dtype = dtype
+        self._decoder = decoder
         self._raw = b""
 
     @property
@@ -166,7 +193,11 @@ class Pending:
             raise self.error
         if self._dtype is None:
             return None
-        return np.frombuffer(self._raw, self._dtype, count=1)[0].item()
+        decoder = self._decoder
+        raw = self._raw
+        if decoder is not None and len(raw) == decoder.size:
+            return decoder.unpack(raw)[0]
+        return np.frombuffer(raw, self._dtype, count=1)[0].item()
 
     def _complete(self, raw: bytes = b"", error: SplitcAccessError | None = None) -> None:
         self._raw = raw
@@ -190,8 +221,26 @@ class _Region:
         # The array's bytes and element size, looked up once: a scalar access through them
         # costs a memoryview slice, not numpy views and array construction.
         self.raw: memoryview = array.view(np.uint8).data
+        self.nbytes = len(self.raw)
         self.itemsize = int(array.itemsize)
+        self.dtype: np.dtype[Any] = array.dtype
         self.scalar_type: type = array.dtype.type
+        #: Whether scalar accesses may address it (its elements have 1, 2, 4 or 8 bytes).
+        self.scalar = self.itemsize in SCALAR_SIZES
+        #: The native element as a struct (None: numpy decodes it; Pending.value).
+        self.decoder: struct.Struct | None = None
+        char = self.dtype.char
+        if self.dtype.isnative and char in _STRUCT_CHARS and struct.calcsize(char) == self.itemsize:
+            self.decoder = struct.Struct(char)
+
+    def element_words(self, offset: int) -> tuple[int, int]:
+        """The ``itemsize`` bytes at byte ``offset`` as a message's two value words (big-endian,
+        zero-padded on the right: wire.py's value field); the caller checked the bounds."""
+        size = self.itemsize
+        if size == 8:
+            high, low = _ELEMENT_WORDS.unpack_from(self.raw, offset)
+            return high, low
+        return int.from_bytes(self.raw[offset : offset + size], "big") << (32 - 8 * size), 0
 
     def __repr__(self) -> str:
         return f"<Split-C region {self.index} {self.name!r}, {len(self.array)} elements>"
@@ -423,15 +472,19 @@ class SplitC(Service):
     ) -> tuple[tuple[int, int, int, int] | None, Pending]:
         region = self._region(gp.region)
         size = region.itemsize
-        if size not in SCALAR_SIZES:
+        if not region.scalar:
             raise LocalProtocolError(
                 f"Split-C: scalar access to {gp.region!r}: elements of {size} bytes (1, 2, 4, 8)"
             )
-        read = kind is Kind.READ
+        read = kind is _READ
         name = "get" if read else "put"
         self.counters["gets" if read else "puts"] += 1
-        pending = Pending(name, gp, region.array.dtype if read else None)
-        raw = b"" if read else _encode(region, value)
+        if read:
+            pending = Pending(name, gp, region.dtype, region.decoder)
+            raw = b""
+        else:
+            pending = Pending(name, gp)
+            raw = _encode(region, value)
         if gp.rank == self.rank:
             self.counters["local"] += 1
             offset = gp.offset
@@ -450,7 +503,13 @@ class SplitC(Service):
             self.counters["refused"] += 1
             raise SplitcAccessError(f"Split-C: {name} {gp}: negative offset")
         op = self._new_op(pending)
-        return request_words(kind, size, region.index, op, gp.offset * size, raw), pending
+        offset = gp.offset * size
+        if read and offset.__class__ is int and offset <= _WORD_MAX:
+            # request_words(READ, size, region.index, op, offset, b"") without its checks:
+            # size, region index (< 256 regions) and op are in range by construction.
+            first = (_READ_CODE << 28) | (size << 24) | (region.index << 16) | op
+            return (first, offset, 0, 0), pending
+        return request_words(kind, size, region.index, op, offset, raw), pending
 
     def _store(self, gp: GlobalPtr, value: Any) -> tuple[int, int, int, int] | None:
         region = self._region(gp.region)
@@ -745,6 +804,21 @@ class SplitC(Service):
     # ------------------------------------------------------------------ handlers
 
     def _on_request(self, peer: int, *words: int) -> None:
+        # The common case first: a well-formed READ of one whole element inside the region,
+        # answered with the element as the reply's value words, no bytes in between.  It is the
+        # general path's answer (tests/layers/splitc compare them); anything else takes that.
+        if plain_words(words):
+            first = words[0]
+            index = (first >> 16) & 0xFF
+            if first >> 28 == _READ_CODE and index < len(self._by_index):
+                region = self._by_index[index]
+                size = (first >> 24) & 0xF
+                offset = words[1]
+                if size == region.itemsize and region.scalar and offset + size <= region.nbytes:
+                    high, low = region.element_words(offset)
+                    answer = (_VALUE_CODE << 28) | (size << 24) | (first & 0xFFFF)
+                    self.am.reply(self._reply_handler, answer, 0, high, low)
+                    return
         try:
             kind, size, index, op, offset, data = request_fields(words)
         except SplitcFormatError:
@@ -759,23 +833,38 @@ class SplitC(Service):
             view = region.raw
             end = offset + size
             exact = size == region.itemsize
-            packed = kind is Kind.STORE and size % region.itemsize == 0
+            packed = kind is _STORE and size % region.itemsize == 0
             if not (exact or packed) or end > len(view):
                 status = Status.OUT_OF_BOUNDS
-            elif kind is Kind.READ:
+            elif kind is _READ:
                 value = bytes(view[offset:end])
             else:
                 view[offset:end] = data[:size]
         if status is not Status.OK:
             self.counters["refused"] += 1
-        if kind is Kind.STORE:
+        if kind is _STORE:
             if status is Status.OK:
                 self._stored += size
             return  # one-way: the sender checked the bounds before sending
-        answer = Kind.VALUE if kind is Kind.READ else Kind.ACK
+        answer = Kind.VALUE if kind is _READ else Kind.ACK
         self.am.reply(self._reply_handler, *reply_words(answer, size, status, op, value))
 
     def _on_reply(self, peer: int, *words: int) -> None:
+        # The common case first: a well-formed VALUE or ACK with status OK for an operation
+        # outstanding (the general path's outcome; anything else takes that path).
+        if plain_words(words):
+            first = words[0]
+            code = first >> 28
+            size = (first >> 24) & 0xF
+            if (
+                _VALUE_CODE <= code <= _ACK_CODE  # VALUE, ACK
+                and (first >> 16) & 0xFF == 0
+                and (size in SCALAR_SIZES or (size == 0 and code == _ACK_CODE))
+            ):
+                pending = self._ops.pop(first & 0xFFFF, None)
+                if pending is not None:
+                    pending._complete(_ELEMENT_WORDS.pack(words[2], words[3])[:size])
+                    return
         try:
             _, size, status, op, value = reply_fields(words)
         except SplitcFormatError:

@@ -70,6 +70,7 @@ __all__ = [
     "parse_reply",
     "parse_request",
     "parse_request_reference",
+    "plain_words",
     "replies",
     "reply_fields",
     "reply_words",
@@ -307,7 +308,8 @@ def reply_words(
     return build_reply(Reply(kind, size, status, op, value))
 
 
-def _plain_words(words: Sequence[int]) -> bool:
+def plain_words(words: Sequence[int]) -> bool:
+    """Whether ``words`` are four plain ints of 32 bits (what the shift-based paths need)."""
     if len(words) != WORDS:
         return False
     # Unrolled (WORDS is 4), not all() over a generator: no call per word.
@@ -326,7 +328,7 @@ def _plain_words(words: Sequence[int]) -> bool:
 
 def request_fields(words: Sequence[int]) -> tuple[Kind, int, int, int, int, bytes]:
     """``parse_request(words)`` as (kind, size, region, op, offset, value)."""
-    if _plain_words(words):
+    if plain_words(words):
         first = words[0]
         kind = _REQUEST_KINDS.get(first >> 28)
         size = (first >> 24) & 0xF
@@ -339,7 +341,7 @@ def request_fields(words: Sequence[int]) -> tuple[Kind, int, int, int, int, byte
 
 def reply_fields(words: Sequence[int]) -> tuple[Kind, int, Status, int, bytes]:
     """``parse_reply(words)`` as (kind, size, status, op, value)."""
-    if _plain_words(words):
+    if plain_words(words):
         first = words[0]
         kind = _REPLY_KINDS.get(first >> 28)
         size = (first >> 24) & 0xF
