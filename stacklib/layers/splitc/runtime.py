@@ -308,6 +308,9 @@ class SplitC(Service):
         # The scalar paths name their handlers by index: a name is a lookup per message.
         self._request_handler = am.register_handler(self._on_request, name=_H_REQUEST)
         self._reply_handler = am.register_handler(self._on_reply, name=_H_REPLY)
+        # ... and call the service's sends through bound methods taken once.
+        self._request_nowait: Callable[..., None] = am.request_nowait
+        self._reply: Callable[..., None] = am.reply
         am.register_handler(self._on_stored, name=_H_STORED)
         am.register_handler(self._on_put, name=_H_PUT)
         am.register_handler(self._on_got, name=_H_GOT)
@@ -412,7 +415,7 @@ class SplitC(Service):
 
     async def get(self, gp: GlobalPtr) -> Pending:
         """Start fetching the value at ``gp``; it is complete after :meth:`sync`."""
-        request, pending = self._scalar(gp, Kind.READ, None)
+        request, pending = self._scalar(gp, _READ, None)
         if request is None:
             return pending
         await self.am.request(self._peer[gp.rank], self._request_handler, *request)
@@ -420,7 +423,7 @@ class SplitC(Service):
 
     async def put(self, gp: GlobalPtr, value: Any) -> Pending:
         """Start writing ``value`` at ``gp``; complete (acknowledged) after :meth:`sync`."""
-        request, pending = self._scalar(gp, Kind.WRITE, value)
+        request, pending = self._scalar(gp, _WRITE, value)
         if request is None:
             return pending
         await self.am.request(self._peer[gp.rank], self._request_handler, *request)
@@ -436,12 +439,38 @@ class SplitC(Service):
     def get_nowait(self, gp: GlobalPtr) -> Pending:
         """:meth:`get` that raises :class:`trio.WouldBlock` when the service cannot send
         yet (UAM: its window is full)."""
-        return self._nowait(gp, Kind.READ, None)
+        # A remote element, the common case, inline: what _nowait does through _scalar, with
+        # the request's words passed as they are built (request_words's checks hold by
+        # construction: size, region index (< 256 regions) and op are in range).
+        region = self._regions.get(gp.region)
+        channel = self._peer.get(gp.rank)
+        offset = gp.offset
+        if (
+            region is None
+            or channel is None  # this rank (or none)
+            or not region.scalar
+            or offset.__class__ is not int
+            or not 0 <= offset * region.itemsize <= _WORD_MAX
+        ):
+            return self._nowait(gp, _READ, None)
+        size = region.itemsize
+        counters = self.counters
+        counters["gets"] += 1
+        pending = Pending("get", gp, region.dtype, region.decoder)
+        op = self._new_op(pending)
+        first = (_READ_CODE << 28) | (size << 24) | (region.index << 16) | op
+        try:
+            self._request_nowait(channel, self._request_handler, first, offset * size, 0, 0)
+        except trio.WouldBlock:
+            del self._ops[op]  # not sent: forget it (as _nowait)
+            counters["gets"] -= 1
+            raise
+        return pending
 
     def put_nowait(self, gp: GlobalPtr, value: Any) -> Pending:
         """:meth:`put` that raises :class:`trio.WouldBlock` when the service cannot send
         yet (UAM: its window is full)."""
-        return self._nowait(gp, Kind.WRITE, value)
+        return self._nowait(gp, _WRITE, value)
 
     def store_nowait(self, gp: GlobalPtr, value: Any) -> None:
         """:meth:`store` that raises :class:`trio.WouldBlock` when the service cannot send
@@ -449,7 +478,7 @@ class SplitC(Service):
         words = self._store(gp, value)
         if words is not None:
             try:
-                self.am.request_nowait(self._peer[gp.rank], self._request_handler, *words)
+                self._request_nowait(self._peer[gp.rank], self._request_handler, *words)
             except trio.WouldBlock:
                 self.counters["stores"] -= 1
                 raise
@@ -458,12 +487,12 @@ class SplitC(Service):
         request, pending = self._scalar(gp, kind, value)
         if request is not None:
             try:
-                self.am.request_nowait(self._peer[gp.rank], self._request_handler, *request)
+                self._request_nowait(self._peer[gp.rank], self._request_handler, *request)
             except trio.WouldBlock:
                 # Not sent: forget the operation (request_nowait polled, as a sender with a
                 # full window does, paper 000 §5.1.2).
                 del self._ops[request_op(request)]
-                self.counters["gets" if kind == Kind.READ else "puts"] -= 1
+                self.counters["gets" if kind is _READ else "puts"] -= 1
                 raise
         return pending
 
@@ -530,7 +559,7 @@ class SplitC(Service):
             self._stored += size
             return None
         offset = gp.offset * region.itemsize
-        return request_words(Kind.STORE, size, region.index, 0, offset, raw)
+        return request_words(_STORE, size, region.index, 0, offset, raw)
 
     def _new_op(self, pending: Pending) -> int:
         if len(self._ops) >= _OPS:
@@ -817,7 +846,7 @@ class SplitC(Service):
                 if size == region.itemsize and region.scalar and offset + size <= region.nbytes:
                     high, low = region.element_words(offset)
                     answer = (_VALUE_CODE << 28) | (size << 24) | (first & 0xFFFF)
-                    self.am.reply(self._reply_handler, answer, 0, high, low)
+                    self._reply(self._reply_handler, answer, 0, high, low)
                     return
         try:
             kind, size, index, op, offset, data = request_fields(words)
@@ -847,7 +876,7 @@ class SplitC(Service):
                 self._stored += size
             return  # one-way: the sender checked the bounds before sending
         answer = Kind.VALUE if kind is _READ else Kind.ACK
-        self.am.reply(self._reply_handler, *reply_words(answer, size, status, op, value))
+        self._reply(self._reply_handler, *reply_words(answer, size, status, op, value))
 
     def _on_reply(self, peer: int, *words: int) -> None:
         # The common case first: a well-formed VALUE or ACK with status OK for an operation

@@ -185,3 +185,18 @@ def test_a_local_get_decodes_like_numpy() -> None:
             assert same(got.value, array[i].item())
 
     trio.run(main)
+
+
+def test_a_get_the_service_cannot_send_yet_is_forgotten() -> None:
+    sc, am = rank_with(np.zeros(4, np.int64))
+
+    def full(peer: int, handler: int, *args: int) -> None:
+        raise trio.WouldBlock
+
+    sc._request_nowait = full
+    with pytest.raises(trio.WouldBlock):
+        sc.get_nowait(sc.ptr(1, "x", 1))
+    assert sc.done and sc.counters["gets"] == 0
+    sc._request_nowait = am.request_nowait
+    assert not sc.get_nowait(sc.ptr(1, "x", 1)).done
+    assert sc.counters["gets"] == 1
