@@ -51,7 +51,7 @@ from stacklib.layers.splitc.wire import (
     Kind,
     SplitcFormatError,
     Status,
-    plain_words,
+    plain_word_tuple,
     reply_fields,
     reply_words,
     request_fields,
@@ -89,7 +89,11 @@ _READ_CODE: Final = 1
 _VALUE_CODE: Final = 5
 _ACK_CODE: Final = 6
 _WORD_MAX: Final = 0xFFFFFFFF
-_ELEMENT_WORDS: Final = struct.Struct(">II")  # an 8-byte element as a message's value words
+# An 8-byte element as a message's two value words, and back; bound methods taken once (a
+# method look-up per call otherwise).
+_ELEMENT_WORDS: Final = struct.Struct(">II")
+_WORDS_OF: Final = _ELEMENT_WORDS.unpack_from
+_ELEMENT_OF: Final = _ELEMENT_WORDS.pack
 #: struct formats that decode a native element as numpy's ``item()`` does (same Python type
 #: and value); other dtypes (complex, datetime, byte-swapped) take numpy.
 _STRUCT_CHARS: Final = frozenset("?bBhHiIlLqQefd")
@@ -150,19 +154,19 @@ class SpreadArray:
 class Pending:
     """A split-phase operation: complete after :meth:`SplitC.sync` (or once :attr:`done`).
 
-    ``dtype`` (gets) is the type of the value fetched; ``decoder``, if given, a
+    ``dtype`` (gets) is the type of the value fetched; ``decode``, if given, the ``unpack`` of a
     ``struct.Struct`` of that dtype's native element, which :attr:`value` uses instead of numpy
     (the same Python value, without building an array and a numpy scalar per read).
     """
 
-    __slots__ = ("_decoder", "_dtype", "_operation", "_raw", "_target", "done", "error")
+    __slots__ = ("_decode", "_dtype", "_operation", "_raw", "_target", "done", "error")
 
     def __init__(
         self,
         operation: str,
         target: object,
         dtype: np.dtype[Any] | None = None,
-        decoder: struct.Struct | None = None,
+        decode: Callable[[bytes], tuple[Any, ...]] | None = None,
     ) -> None:
         # The description is formatted only when shown: most operations never are.
         self._operation = operation
@@ -170,7 +174,7 @@ class Pending:
         self.done = False
         self.error: SplitcAccessError | None = None
         self._dtype = dtype
-        self._decoder = decoder
+        self._decode = decode
         self._raw = b""
 
     @property
@@ -193,11 +197,17 @@ class Pending:
             raise self.error
         if self._dtype is None:
             return None
-        decoder = self._decoder
-        raw = self._raw
-        if decoder is not None and len(raw) == decoder.size:
-            return decoder.unpack(raw)[0]
-        return np.frombuffer(raw, self._dtype, count=1)[0].item()
+        decode = self._decode
+        if decode is not None:
+            try:
+                return decode(self._raw)[0]
+            except struct.error:
+                pass  # not one element (a malformed reply): numpy raises its error below
+        return np.frombuffer(self._raw, self._dtype, count=1)[0].item()
+
+    def is_done(self) -> bool:
+        """:attr:`done`, as a predicate for a wait (a bound method: no closure per wait)."""
+        return self.done
 
     def _complete(self, raw: bytes = b"", error: SplitcAccessError | None = None) -> None:
         self._raw = raw
@@ -227,18 +237,18 @@ class _Region:
         self.scalar_type: type = array.dtype.type
         #: Whether scalar accesses may address it (its elements have 1, 2, 4 or 8 bytes).
         self.scalar = self.itemsize in SCALAR_SIZES
-        #: The native element as a struct (None: numpy decodes it; Pending.value).
-        self.decoder: struct.Struct | None = None
+        #: Decodes one native element (a struct's unpack; None: numpy does; Pending.value).
+        self.decode: Callable[[bytes], tuple[Any, ...]] | None = None
         char = self.dtype.char
         if self.dtype.isnative and char in _STRUCT_CHARS and struct.calcsize(char) == self.itemsize:
-            self.decoder = struct.Struct(char)
+            self.decode = struct.Struct(char).unpack
 
     def element_words(self, offset: int) -> tuple[int, int]:
         """The ``itemsize`` bytes at byte ``offset`` as a message's two value words (big-endian,
         zero-padded on the right: wire.py's value field); the caller checked the bounds."""
         size = self.itemsize
         if size == 8:
-            high, low = _ELEMENT_WORDS.unpack_from(self.raw, offset)
+            high, low = _WORDS_OF(self.raw, offset)
             return high, low
         return int.from_bytes(self.raw[offset : offset + size], "big") << (32 - 8 * size), 0
 
@@ -403,13 +413,13 @@ class SplitC(Service):
     async def read(self, gp: GlobalPtr) -> Any:
         """The value at ``gp`` (blocking: one request and reply when remote)."""
         pending = await self.get(gp)
-        await self.am.wait_until(lambda: pending.done)
+        await self.am.wait_until(pending.is_done)
         return pending.value
 
     async def write(self, gp: GlobalPtr, value: Any) -> None:
         """Write ``value`` at ``gp`` and wait for the target's acknowledgment."""
         pending = await self.put(gp, value)
-        await self.am.wait_until(lambda: pending.done)
+        await self.am.wait_until(pending.is_done)
         if pending.error is not None:
             raise pending.error
 
@@ -456,7 +466,7 @@ class SplitC(Service):
         size = region.itemsize
         counters = self.counters
         counters["gets"] += 1
-        pending = Pending("get", gp, region.dtype, region.decoder)
+        pending = Pending("get", gp, region.dtype, region.decode)
         op = self._new_op(pending)
         first = (_READ_CODE << 28) | (size << 24) | (region.index << 16) | op
         try:
@@ -509,7 +519,7 @@ class SplitC(Service):
         name = "get" if read else "put"
         self.counters["gets" if read else "puts"] += 1
         if read:
-            pending = Pending(name, gp, region.dtype, region.decoder)
+            pending = Pending(name, gp, region.dtype, region.decode)
             raw = b""
         else:
             pending = Pending(name, gp)
@@ -629,7 +639,7 @@ class SplitC(Service):
     async def bulk_read(self, dst: GlobalPtr, src: GlobalPtr, count: int) -> None:
         """Blocking :meth:`bulk_get`."""
         pending = await self.bulk_get(dst, src, count)
-        await self.am.wait_until(lambda: pending.done)
+        await self.am.wait_until(pending.is_done)
 
     async def bulk_write(self, dst: GlobalPtr, data: npt.ArrayLike) -> None:
         """Blocking :meth:`bulk_put`: returns once the target has the data."""
@@ -836,7 +846,7 @@ class SplitC(Service):
         # The common case first: a well-formed READ of one whole element inside the region,
         # answered with the element as the reply's value words, no bytes in between.  It is the
         # general path's answer (tests/layers/splitc compare them); anything else takes that.
-        if plain_words(words):
+        if plain_word_tuple(words):
             first = words[0]
             index = (first >> 16) & 0xFF
             if first >> 28 == _READ_CODE and index < len(self._by_index):
@@ -881,7 +891,7 @@ class SplitC(Service):
     def _on_reply(self, peer: int, *words: int) -> None:
         # The common case first: a well-formed VALUE or ACK with status OK for an operation
         # outstanding (the general path's outcome; anything else takes that path).
-        if plain_words(words):
+        if plain_word_tuple(words):
             first = words[0]
             code = first >> 28
             size = (first >> 24) & 0xF
@@ -892,7 +902,7 @@ class SplitC(Service):
             ):
                 pending = self._ops.pop(first & 0xFFFF, None)
                 if pending is not None:
-                    pending._complete(_ELEMENT_WORDS.pack(words[2], words[3])[:size])
+                    pending._complete(_ELEMENT_OF(words[2], words[3])[:size])
                     return
         try:
             _, size, status, op, value = reply_fields(words)

@@ -70,6 +70,7 @@ __all__ = [
     "parse_reply",
     "parse_request",
     "parse_request_reference",
+    "plain_word_tuple",
     "plain_words",
     "replies",
     "reply_fields",
@@ -319,6 +320,28 @@ def plain_words(words: Sequence[int]) -> bool:
         and w1.__class__ is int
         and w2.__class__ is int
         and w3.__class__ is int
+        and 0 <= w0 <= WORD_MAX
+        and 0 <= w1 <= WORD_MAX
+        and 0 <= w2 <= WORD_MAX
+        and 0 <= w3 <= WORD_MAX
+    )
+
+
+def plain_word_tuple(words: tuple[object, ...]) -> bool:
+    """:func:`plain_words` for a handler's ``*words`` tuple.  Typed for the compiled copy: the
+    words are indexed, not iterated, and tested with ``type(w) is int`` (a pointer compare),
+    not through a ``__class__`` attribute look-up."""
+    if len(words) != WORDS:
+        return False
+    w0 = words[0]
+    w1 = words[1]
+    w2 = words[2]
+    w3 = words[3]
+    return (
+        type(w0) is int
+        and type(w1) is int
+        and type(w2) is int
+        and type(w3) is int
         and 0 <= w0 <= WORD_MAX
         and 0 <= w1 <= WORD_MAX
         and 0 <= w2 <= WORD_MAX

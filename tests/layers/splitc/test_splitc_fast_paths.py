@@ -200,3 +200,26 @@ def test_a_get_the_service_cannot_send_yet_is_forgotten() -> None:
     sc._request_nowait = am.request_nowait
     assert not sc.get_nowait(sc.ptr(1, "x", 1)).done
     assert sc.counters["gets"] == 1
+
+
+@pytest.mark.parametrize(
+    "words",
+    [
+        (1, 2, 3, 4),
+        (0, 0, 0, 0xFFFFFFFF),
+        (0, 0, 0, 1 << 32),
+        (-1, 0, 0, 0),
+        (True, 0, 0, 0),
+        (0, np.int64(1), 0, 0),
+        (0, 0, 1.0, 0),
+        (0, 0, 0),
+        (0, 0, 0, 0, 0),
+        (),
+    ],
+    ids=repr,
+)
+def test_a_handlers_word_tuple_is_plain_exactly_when_plain_words_says(words: Any) -> None:
+    from stacklib.layers.splitc.wire import plain_word_tuple, plain_words
+
+    expected = len(words) == 4 and all(type(w) is int and 0 <= w <= 0xFFFFFFFF for w in words)
+    assert plain_word_tuple(words) == plain_words(words) == expected
