@@ -110,17 +110,37 @@ class SplitcAccessError(RemoteProtocolError):
     target was left untouched."""
 
 
-@attrs.frozen
 class GlobalPtr:
     """A typed global pointer: element ``offset`` of region ``region`` on rank ``rank``.
 
     Arithmetic moves it within its rank (``gp + 3`` is three elements further), as on a
     Split-C global pointer; spread arrays give the other layout.
+
+    A value: equal to and hashed as another pointer with the same three fields.  Read-only by
+    contract (the type checker refuses an assignment to a field; nothing checks at run time).
+    A plain class rather than a frozen attrs one because every access reads its fields and
+    pointer arithmetic builds one: the compiled copy builds and reads this class natively.
     """
 
-    rank: int
-    region: str
-    offset: int = 0
+    __slots__ = ("offset", "rank", "region")
+
+    def __init__(self, rank: int, region: str, offset: int = 0) -> None:
+        self.rank: Final = rank
+        self.region: Final = region
+        self.offset: Final = offset
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, GlobalPtr):
+            return NotImplemented
+        return (
+            self.rank == other.rank and self.region == other.region and self.offset == other.offset
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.rank, self.region, self.offset))
+
+    def __repr__(self) -> str:
+        return f"GlobalPtr(rank={self.rank!r}, region={self.region!r}, offset={self.offset!r})"
 
     def __add__(self, n: int) -> GlobalPtr:
         return GlobalPtr(self.rank, self.region, self.offset + n)
@@ -459,7 +479,7 @@ class SplitC(Service):
             region is None
             or channel is None  # this rank (or none)
             or not region.scalar
-            or offset.__class__ is not int
+            or type(offset) is not int
             or not 0 <= offset * region.itemsize <= _WORD_MAX
         ):
             return self._nowait(gp, _READ, None)
@@ -543,7 +563,7 @@ class SplitC(Service):
             raise SplitcAccessError(f"Split-C: {name} {gp}: negative offset")
         op = self._new_op(pending)
         offset = gp.offset * size
-        if read and offset.__class__ is int and offset <= _WORD_MAX:
+        if read and type(offset) is int and offset <= _WORD_MAX:
             # request_words(READ, size, region.index, op, offset, b"") without its checks:
             # size, region index (< 256 regions) and op are in range by construction.
             first = (_READ_CODE << 28) | (size << 24) | (region.index << 16) | op

@@ -223,3 +223,15 @@ def test_a_handlers_word_tuple_is_plain_exactly_when_plain_words_says(words: Any
 
     expected = len(words) == 4 and all(type(w) is int and 0 <= w <= 0xFFFFFFFF for w in words)
     assert plain_word_tuple(words) == plain_words(words) == expected
+
+
+def test_a_global_pointer_is_a_value() -> None:
+    from stacklib.layers.splitc import GlobalPtr
+
+    gp = GlobalPtr(1, "x", 5)
+    assert gp == GlobalPtr(1, "x", 5) and hash(gp) == hash(GlobalPtr(1, "x", 5))
+    assert gp != GlobalPtr(1, "x", 6) and gp != GlobalPtr(0, "x", 5) and gp != GlobalPtr(1, "y", 5)
+    assert gp != (1, "x", 5)
+    assert {gp: 1}[(gp + 2) - 2] == 1
+    assert repr(gp) == "GlobalPtr(rank=1, region='x', offset=5)"
+    assert GlobalPtr(2, "x") == GlobalPtr(2, "x", 0)
