@@ -80,11 +80,8 @@ _H_PUT: Final = "splitc.put"
 _H_GOT: Final = "splitc.got"
 _H_COLL: Final = "splitc.coll"
 _COLL_REGION: Final = "splitc.collective"
-# The wire codes the scalar fast paths compare and build (wire.py): module constants, not
-# enum attribute look-ups per message in the compiled copy.
-_READ: Final = Kind.READ
-_WRITE: Final = Kind.WRITE
-_STORE: Final = Kind.STORE
+# The wire codes the scalar fast paths compare and build (wire.py's Kind): plain int constants,
+# inlined in the compiled copy.
 _READ_CODE: Final = 1
 _VALUE_CODE: Final = 5
 _ACK_CODE: Final = 6
@@ -445,7 +442,7 @@ class SplitC(Service):
 
     async def get(self, gp: GlobalPtr) -> Pending:
         """Start fetching the value at ``gp``; it is complete after :meth:`sync`."""
-        request, pending = self._scalar(gp, _READ, None)
+        request, pending = self._scalar(gp, Kind.READ, None)
         if request is None:
             return pending
         await self.am.request(self._peer[gp.rank], self._request_handler, *request)
@@ -453,7 +450,7 @@ class SplitC(Service):
 
     async def put(self, gp: GlobalPtr, value: Any) -> Pending:
         """Start writing ``value`` at ``gp``; complete (acknowledged) after :meth:`sync`."""
-        request, pending = self._scalar(gp, _WRITE, value)
+        request, pending = self._scalar(gp, Kind.WRITE, value)
         if request is None:
             return pending
         await self.am.request(self._peer[gp.rank], self._request_handler, *request)
@@ -482,7 +479,7 @@ class SplitC(Service):
             or type(offset) is not int
             or not 0 <= offset * region.itemsize <= _WORD_MAX
         ):
-            return self._nowait(gp, _READ, None)
+            return self._nowait(gp, Kind.READ, None)
         size = region.itemsize
         counters = self.counters
         counters["gets"] += 1
@@ -500,7 +497,7 @@ class SplitC(Service):
     def put_nowait(self, gp: GlobalPtr, value: Any) -> Pending:
         """:meth:`put` that raises :class:`trio.WouldBlock` when the service cannot send
         yet (UAM: its window is full)."""
-        return self._nowait(gp, _WRITE, value)
+        return self._nowait(gp, Kind.WRITE, value)
 
     def store_nowait(self, gp: GlobalPtr, value: Any) -> None:
         """:meth:`store` that raises :class:`trio.WouldBlock` when the service cannot send
@@ -522,7 +519,7 @@ class SplitC(Service):
                 # Not sent: forget the operation (request_nowait polled, as a sender with a
                 # full window does, paper 000 §5.1.2).
                 del self._ops[request_op(request)]
-                self.counters["gets" if kind is _READ else "puts"] -= 1
+                self.counters["gets" if kind is Kind.READ else "puts"] -= 1
                 raise
         return pending
 
@@ -535,7 +532,7 @@ class SplitC(Service):
             raise LocalProtocolError(
                 f"Split-C: scalar access to {gp.region!r}: elements of {size} bytes (1, 2, 4, 8)"
             )
-        read = kind is _READ
+        read = kind is Kind.READ
         name = "get" if read else "put"
         self.counters["gets" if read else "puts"] += 1
         if read:
@@ -589,7 +586,7 @@ class SplitC(Service):
             self._stored += size
             return None
         offset = gp.offset * region.itemsize
-        return request_words(_STORE, size, region.index, 0, offset, raw)
+        return request_words(Kind.STORE, size, region.index, 0, offset, raw)
 
     def _new_op(self, pending: Pending) -> int:
         if len(self._ops) >= _OPS:
@@ -875,8 +872,10 @@ class SplitC(Service):
                 offset = words[1]
                 if size == region.itemsize and region.scalar and offset + size <= region.nbytes:
                     high, low = region.element_words(offset)
-                    answer = (_VALUE_CODE << 28) | (size << 24) | (first & 0xFFFF)
-                    self._reply(self._reply_handler, answer, 0, high, low)
+                    # (Not named like the general path's ``answer``: mypyc types a local once,
+                    # and an int-typed local would turn the Kind below into a plain int.)
+                    reply_first = (_VALUE_CODE << 28) | (size << 24) | (first & 0xFFFF)
+                    self._reply(self._reply_handler, reply_first, 0, high, low)
                     return
         try:
             kind, size, index, op, offset, data = request_fields(words)
@@ -892,20 +891,20 @@ class SplitC(Service):
             view = region.raw
             end = offset + size
             exact = size == region.itemsize
-            packed = kind is _STORE and size % region.itemsize == 0
+            packed = kind is Kind.STORE and size % region.itemsize == 0
             if not (exact or packed) or end > len(view):
                 status = Status.OUT_OF_BOUNDS
-            elif kind is _READ:
+            elif kind is Kind.READ:
                 value = bytes(view[offset:end])
             else:
                 view[offset:end] = data[:size]
         if status is not Status.OK:
             self.counters["refused"] += 1
-        if kind is _STORE:
+        if kind is Kind.STORE:
             if status is Status.OK:
                 self._stored += size
             return  # one-way: the sender checked the bounds before sending
-        answer = Kind.VALUE if kind is _READ else Kind.ACK
+        answer = Kind.VALUE if kind is Kind.READ else Kind.ACK
         self._reply(self._reply_handler, *reply_words(answer, size, status, op, value))
 
     def _on_reply(self, peer: int, *words: int) -> None:
