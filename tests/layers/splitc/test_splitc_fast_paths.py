@@ -235,3 +235,14 @@ def test_a_global_pointer_is_a_value() -> None:
     assert {gp: 1}[(gp + 2) - 2] == 1
     assert repr(gp) == "GlobalPtr(rank=1, region='x', offset=5)"
     assert GlobalPtr(2, "x") == GlobalPtr(2, "x", 0)
+
+
+def test_the_target_answers_a_write_as_specified_beside_the_read_path() -> None:
+    # The general path (a write) in the handler that also holds the read's fast path.
+    sc, am = rank_with(np.zeros(4, np.int64))
+    data = np.int64(-3).tobytes()
+    sc._on_request(7, *build_request(Request(Kind.WRITE, 8, 0, 11, 16, data)))
+    assert tuple(am.replies.pop()[1:]) == build_reply(Reply(Kind.ACK, 8, Status.OK, 11, b""))
+    assert sc.local("x").tolist() == [0, 0, -3, 0]
+    sc._on_request(7, *build_request(Request(Kind.READ, 8, 0, 12, 16)))
+    assert tuple(am.replies.pop()[1:]) == build_reply(Reply(Kind.VALUE, 8, Status.OK, 12, data))
