@@ -7,12 +7,17 @@ pair").  :func:`splitc_read` times it between this process (rank 0) and a peer p
 :func:`stacklib.bench.real.uam_pingpong` does for bare UAM.  Its mpi4py counterpart is the
 "read" row of stacklib/bench/mpi/p2p.py: the same 16-byte request answered with 8 bytes,
 with buffer ``Send``/``Recv`` (and, for completeness, one-sided ``Get``).
+
+:func:`splitc_read_cpu` measures the CPU of the same read with both ranks in one process
+(no peer to wait for, so nothing but the work is timed), beside a bare UAM request/reply:
+the difference is Split-C's own share.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 
 import numpy as np
 import trio
@@ -23,7 +28,7 @@ from stacklib.layers.uam import UamLayer, UamParams
 from stacklib.services import UNetService
 from stacklib.transports.shm import ShmEndpoint, ShmNetwork, relax
 
-__all__ = ["SPLITC_MODES", "splitc_read"]
+__all__ = ["SPLITC_MODES", "splitc_read", "splitc_read_cpu"]
 
 #: How rank 0 reads: ``"poll"`` (``get_nowait``, then ``poll()`` until it is done, as a GAM
 #: program polls) or ``"trio"`` (``await sc.read(gp)``).
@@ -133,3 +138,101 @@ async def _awaited(sc: SplitC, gp: GlobalPtr, count: int) -> None:
         value = await read(gp)
         if value != _OFFSET * 3:
             raise RuntimeError(f"Split-C benchmark: read {value!r}")
+
+
+def splitc_read_cpu(iterations: int = 5000, runs: int = 5) -> dict[str, float]:
+    """CPU seconds per operation with both ranks in this process, one thread, one trio run: two
+    UAM services (``background_poll=False``) over an shm endpoint pair of one
+    :class:`ShmNetwork`, each with its :class:`SplitC`.  Each of ``runs`` runs times
+    ``iterations`` operations in batches of 64 and keeps the fastest batch (the work, without
+    other processes' interference on a shared machine); the best run counts.  The two kinds
+    alternate, run by run.
+
+    ``"splitc"``: rank 0 ``get_nowait(gp)`` of a remote 8-byte element, then ``poll()`` of
+    rank 1 (its request handler reads the element and replies), then ``poll()`` of rank 0 until
+    the read is done (its reply handler completes it).  ``"uam"``: the same with a bare UAM
+    request of four words whose handler replies four words.  ``"share"``: the difference,
+    Split-C's own work per read.  Whichever modules are imported are measured: run it with
+    ``STACKLIB_COMPILED=1`` for the compiled copy.
+    """
+    if iterations < 1 or runs < 1:
+        raise ValueError(f"iterations ({iterations}) and runs ({runs}) must be positive")
+    return trio.run(_cpu_runs, iterations, runs)
+
+
+async def _cpu_runs(iterations: int, runs: int) -> dict[str, float]:
+    from stacklib.bench.real import open_endpoint
+
+    with ShmNetwork() as network:
+        ep0, ch0 = open_endpoint(network, name="main", remote="peer")
+        ep1, ch1 = open_endpoint(network, name="peer", remote="main")
+        async with (
+            UamLayer(_params()).open(UNetService(ep0)) as am0,
+            UamLayer(_params()).open(UNetService(ep1)) as am1,
+        ):
+            sc0 = SplitC(am0, 0, {1: ch0})
+            sc1 = SplitC(am1, 1, {0: ch1})
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(sc1.all_register, "x", np.arange(_ELEMENTS, dtype=np.int64) * 3)
+                await sc0.all_register("x", np.zeros(_ELEMENTS, dtype=np.int64))
+            gp = sc0.ptr(1, "x", _OFFSET)
+            replies = [0]
+
+            def on_request(peer: int, *words: int) -> None:
+                am1.reply(reply_handler, *words)
+
+            def on_reply(peer: int, *words: int) -> None:
+                replies[0] += 1
+
+            request_handler = am1.register_handler(on_request, name="bench.request")
+            reply_handler = am0.register_handler(on_reply, name="bench.reply")
+            am0.register_handler(on_request, name="bench.request")  # same order on both
+            am1.register_handler(on_reply, name="bench.reply")
+
+            def splitc_read() -> None:
+                pending = sc0.get_nowait(gp)
+                am1.poll()
+                while not pending.done:
+                    am0.poll()
+                if pending.value != _OFFSET * 3:
+                    raise RuntimeError(f"Split-C benchmark: read {pending.value!r}")
+
+            def uam_round_trip() -> None:
+                count = replies[0]
+                am0.request_nowait(ch0, request_handler, *_WORDS)
+                am1.poll()
+                while replies[0] == count:
+                    am0.poll()
+
+            result = {"uam": float("inf"), "splitc": float("inf")}
+            for _ in range(runs):
+                for name, operation in (("uam", uam_round_trip), ("splitc", splitc_read)):
+                    result[name] = min(result[name], await _timed(operation, iterations))
+            await am0.drain()
+            await am1.drain()
+    result["share"] = result["splitc"] - result["uam"]
+    return result
+
+
+_WORDS = (0x12000005, 40, 0, 0)  # a request's four words, as a Split-C read's
+
+
+async def _timed(operation: Callable[[], None], iterations: int) -> float:
+    """CPU seconds per ``operation()`` in the fastest batch of 64 (fewer if ``iterations`` is),
+    after a warm-up; a checkpoint between batches lets UAM's timers run (delayed
+    acknowledgments), outside the timed stretches."""
+    for _ in range(200):
+        operation()
+    await trio.lowlevel.checkpoint()
+    best = float("inf")
+    done = 0
+    clock = time.process_time
+    while done < iterations:
+        chunk = min(64, iterations - done)
+        start = clock()
+        for _ in range(chunk):
+            operation()
+        best = min(best, (clock() - start) / chunk)
+        done += chunk
+        await trio.lowlevel.checkpoint()
+    return best

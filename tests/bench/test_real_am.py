@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from stacklib.bench.real import MEASUREMENTS, bench_real
-from stacklib.bench.real_am import splitc_read
+from stacklib.bench.real_am import splitc_read, splitc_read_cpu
 
 
 @pytest.mark.parametrize("mode", ["poll", "trio"])
@@ -18,6 +18,16 @@ def test_splitc_read_runs_with_tiny_counts(mode: str) -> None:
 def test_splitc_read_rejects_an_unknown_mode() -> None:
     with pytest.raises(ValueError, match="no Split-C read benchmark in mode 'busy'"):
         splitc_read(20, "busy")
+
+
+def test_splitc_read_cpu_times_both_ranks_in_one_process() -> None:
+    # Every read's value is checked (a wrong one raises), every UAM round trip's reply awaited.
+    result = splitc_read_cpu(20, runs=2)
+    assert set(result) == {"uam", "splitc", "share"}
+    assert 0 < result["uam"] < 1 and 0 < result["splitc"] < 1
+    assert result["share"] == result["splitc"] - result["uam"]
+    with pytest.raises(ValueError, match="must be positive"):
+        splitc_read_cpu(0)
 
 
 def test_bench_real_has_a_splitc_read_row() -> None:

@@ -34,6 +34,7 @@ sc.split_phase():``) and the polling face (``get_nowait``, ``put_nowait``, ``sto
 from __future__ import annotations
 
 import os
+import struct
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -50,6 +51,7 @@ from stacklib.layers.splitc.wire import (
     Kind,
     SplitcFormatError,
     Status,
+    plain_word_tuple,
     reply_fields,
     reply_words,
     request_fields,
@@ -78,6 +80,20 @@ _H_PUT: Final = "splitc.put"
 _H_GOT: Final = "splitc.got"
 _H_COLL: Final = "splitc.coll"
 _COLL_REGION: Final = "splitc.collective"
+# The wire codes the scalar fast paths compare and build (wire.py's Kind): plain int constants,
+# inlined in the compiled copy.
+_READ_CODE: Final = 1
+_VALUE_CODE: Final = 5
+_ACK_CODE: Final = 6
+_WORD_MAX: Final = 0xFFFFFFFF
+# An 8-byte element as a message's two value words, and back; bound methods taken once (a
+# method look-up per call otherwise).
+_ELEMENT_WORDS: Final = struct.Struct(">II")
+_WORDS_OF: Final = _ELEMENT_WORDS.unpack_from
+_ELEMENT_OF: Final = _ELEMENT_WORDS.pack
+#: struct formats that decode a native element as numpy's ``item()`` does (same Python type
+#: and value); other dtypes (complex, datetime, byte-swapped) take numpy.
+_STRUCT_CHARS: Final = frozenset("?bBhHiIlLqQefd")
 _REDUCERS: Final[dict[str, Callable[..., Any]]] = {
     "sum": np.add,
     "max": np.maximum,
@@ -91,17 +107,37 @@ class SplitcAccessError(RemoteProtocolError):
     target was left untouched."""
 
 
-@attrs.frozen
 class GlobalPtr:
     """A typed global pointer: element ``offset`` of region ``region`` on rank ``rank``.
 
     Arithmetic moves it within its rank (``gp + 3`` is three elements further), as on a
     Split-C global pointer; spread arrays give the other layout.
+
+    A value: equal to and hashed as another pointer with the same three fields.  Read-only by
+    contract (the type checker refuses an assignment to a field; nothing checks at run time).
+    A plain class rather than a frozen attrs one because every access reads its fields and
+    pointer arithmetic builds one: the compiled copy builds and reads this class natively.
     """
 
-    rank: int
-    region: str
-    offset: int = 0
+    __slots__ = ("offset", "rank", "region")
+
+    def __init__(self, rank: int, region: str, offset: int = 0) -> None:
+        self.rank: Final = rank
+        self.region: Final = region
+        self.offset: Final = offset
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, GlobalPtr):
+            return NotImplemented
+        return (
+            self.rank == other.rank and self.region == other.region and self.offset == other.offset
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.rank, self.region, self.offset))
+
+    def __repr__(self) -> str:
+        return f"GlobalPtr(rank={self.rank!r}, region={self.region!r}, offset={self.offset!r})"
 
     def __add__(self, n: int) -> GlobalPtr:
         return GlobalPtr(self.rank, self.region, self.offset + n)
@@ -133,17 +169,29 @@ class SpreadArray:
 
 
 class Pending:
-    """A split-phase operation: complete after :meth:`SplitC.sync` (or once :attr:`done`)."""
+    """A split-phase operation: complete after :meth:`SplitC.sync` (or once :attr:`done`).
 
-    __slots__ = ("_dtype", "_operation", "_raw", "_target", "done", "error")
+    ``dtype`` (gets) is the type of the value fetched; ``decode``, if given, the ``unpack`` of a
+    ``struct.Struct`` of that dtype's native element, which :attr:`value` uses instead of numpy
+    (the same Python value, without building an array and a numpy scalar per read).
+    """
 
-    def __init__(self, operation: str, target: object, dtype: np.dtype[Any] | None = None) -> None:
+    __slots__ = ("_decode", "_dtype", "_operation", "_raw", "_target", "done", "error")
+
+    def __init__(
+        self,
+        operation: str,
+        target: object,
+        dtype: np.dtype[Any] | None = None,
+        decode: Callable[[bytes], tuple[Any, ...]] | None = None,
+    ) -> None:
         # The description is formatted only when shown: most operations never are.
         self._operation = operation
         self._target = target
         self.done = False
         self.error: SplitcAccessError | None = None
         self._dtype = dtype
+        self._decode = decode
         self._raw = b""
 
     @property
@@ -166,7 +214,17 @@ class Pending:
             raise self.error
         if self._dtype is None:
             return None
+        decode = self._decode
+        if decode is not None:
+            try:
+                return decode(self._raw)[0]
+            except struct.error:
+                pass  # not one element (a malformed reply): numpy raises its error below
         return np.frombuffer(self._raw, self._dtype, count=1)[0].item()
+
+    def is_done(self) -> bool:
+        """:attr:`done`, as a predicate for a wait (a bound method: no closure per wait)."""
+        return self.done
 
     def _complete(self, raw: bytes = b"", error: SplitcAccessError | None = None) -> None:
         self._raw = raw
@@ -190,8 +248,26 @@ class _Region:
         # The array's bytes and element size, looked up once: a scalar access through them
         # costs a memoryview slice, not numpy views and array construction.
         self.raw: memoryview = array.view(np.uint8).data
+        self.nbytes = len(self.raw)
         self.itemsize = int(array.itemsize)
+        self.dtype: np.dtype[Any] = array.dtype
         self.scalar_type: type = array.dtype.type
+        #: Whether scalar accesses may address it (its elements have 1, 2, 4 or 8 bytes).
+        self.scalar = self.itemsize in SCALAR_SIZES
+        #: Decodes one native element (a struct's unpack; None: numpy does; Pending.value).
+        self.decode: Callable[[bytes], tuple[Any, ...]] | None = None
+        char = self.dtype.char
+        if self.dtype.isnative and char in _STRUCT_CHARS and struct.calcsize(char) == self.itemsize:
+            self.decode = struct.Struct(char).unpack
+
+    def element_words(self, offset: int) -> tuple[int, int]:
+        """The ``itemsize`` bytes at byte ``offset`` as a message's two value words (big-endian,
+        zero-padded on the right: wire.py's value field); the caller checked the bounds."""
+        size = self.itemsize
+        if size == 8:
+            high, low = _WORDS_OF(self.raw, offset)
+            return high, low
+        return int.from_bytes(self.raw[offset : offset + size], "big") << (32 - 8 * size), 0
 
     def __repr__(self) -> str:
         return f"<Split-C region {self.index} {self.name!r}, {len(self.array)} elements>"
@@ -259,6 +335,9 @@ class SplitC(Service):
         # The scalar paths name their handlers by index: a name is a lookup per message.
         self._request_handler = am.register_handler(self._on_request, name=_H_REQUEST)
         self._reply_handler = am.register_handler(self._on_reply, name=_H_REPLY)
+        # ... and call the service's sends through bound methods taken once.
+        self._request_nowait: Callable[..., None] = am.request_nowait
+        self._reply: Callable[..., None] = am.reply
         am.register_handler(self._on_stored, name=_H_STORED)
         am.register_handler(self._on_put, name=_H_PUT)
         am.register_handler(self._on_got, name=_H_GOT)
@@ -351,13 +430,13 @@ class SplitC(Service):
     async def read(self, gp: GlobalPtr) -> Any:
         """The value at ``gp`` (blocking: one request and reply when remote)."""
         pending = await self.get(gp)
-        await self.am.wait_until(lambda: pending.done)
+        await self.am.wait_until(pending.is_done)
         return pending.value
 
     async def write(self, gp: GlobalPtr, value: Any) -> None:
         """Write ``value`` at ``gp`` and wait for the target's acknowledgment."""
         pending = await self.put(gp, value)
-        await self.am.wait_until(lambda: pending.done)
+        await self.am.wait_until(pending.is_done)
         if pending.error is not None:
             raise pending.error
 
@@ -387,7 +466,33 @@ class SplitC(Service):
     def get_nowait(self, gp: GlobalPtr) -> Pending:
         """:meth:`get` that raises :class:`trio.WouldBlock` when the service cannot send
         yet (UAM: its window is full)."""
-        return self._nowait(gp, Kind.READ, None)
+        # A remote element, the common case, inline: what _nowait does through _scalar, with
+        # the request's words passed as they are built (request_words's checks hold by
+        # construction: size, region index (< 256 regions) and op are in range).
+        region = self._regions.get(gp.region)
+        channel = self._peer.get(gp.rank)
+        offset = gp.offset
+        if (
+            region is None
+            or channel is None  # this rank (or none)
+            or not region.scalar
+            or type(offset) is not int
+            or not 0 <= offset * region.itemsize <= _WORD_MAX
+        ):
+            return self._nowait(gp, Kind.READ, None)
+        size = region.itemsize
+        counters = self.counters
+        counters["gets"] += 1
+        pending = Pending("get", gp, region.dtype, region.decode)
+        op = self._new_op(pending)
+        first = (_READ_CODE << 28) | (size << 24) | (region.index << 16) | op
+        try:
+            self._request_nowait(channel, self._request_handler, first, offset * size, 0, 0)
+        except trio.WouldBlock:
+            del self._ops[op]  # not sent: forget it (as _nowait)
+            counters["gets"] -= 1
+            raise
+        return pending
 
     def put_nowait(self, gp: GlobalPtr, value: Any) -> Pending:
         """:meth:`put` that raises :class:`trio.WouldBlock` when the service cannot send
@@ -400,7 +505,7 @@ class SplitC(Service):
         words = self._store(gp, value)
         if words is not None:
             try:
-                self.am.request_nowait(self._peer[gp.rank], self._request_handler, *words)
+                self._request_nowait(self._peer[gp.rank], self._request_handler, *words)
             except trio.WouldBlock:
                 self.counters["stores"] -= 1
                 raise
@@ -409,12 +514,12 @@ class SplitC(Service):
         request, pending = self._scalar(gp, kind, value)
         if request is not None:
             try:
-                self.am.request_nowait(self._peer[gp.rank], self._request_handler, *request)
+                self._request_nowait(self._peer[gp.rank], self._request_handler, *request)
             except trio.WouldBlock:
                 # Not sent: forget the operation (request_nowait polled, as a sender with a
                 # full window does, paper 000 §5.1.2).
                 del self._ops[request_op(request)]
-                self.counters["gets" if kind == Kind.READ else "puts"] -= 1
+                self.counters["gets" if kind is Kind.READ else "puts"] -= 1
                 raise
         return pending
 
@@ -423,15 +528,19 @@ class SplitC(Service):
     ) -> tuple[tuple[int, int, int, int] | None, Pending]:
         region = self._region(gp.region)
         size = region.itemsize
-        if size not in SCALAR_SIZES:
+        if not region.scalar:
             raise LocalProtocolError(
                 f"Split-C: scalar access to {gp.region!r}: elements of {size} bytes (1, 2, 4, 8)"
             )
         read = kind is Kind.READ
         name = "get" if read else "put"
         self.counters["gets" if read else "puts"] += 1
-        pending = Pending(name, gp, region.array.dtype if read else None)
-        raw = b"" if read else _encode(region, value)
+        if read:
+            pending = Pending(name, gp, region.dtype, region.decode)
+            raw = b""
+        else:
+            pending = Pending(name, gp)
+            raw = _encode(region, value)
         if gp.rank == self.rank:
             self.counters["local"] += 1
             offset = gp.offset
@@ -450,7 +559,13 @@ class SplitC(Service):
             self.counters["refused"] += 1
             raise SplitcAccessError(f"Split-C: {name} {gp}: negative offset")
         op = self._new_op(pending)
-        return request_words(kind, size, region.index, op, gp.offset * size, raw), pending
+        offset = gp.offset * size
+        if read and type(offset) is int and offset <= _WORD_MAX:
+            # request_words(READ, size, region.index, op, offset, b"") without its checks:
+            # size, region index (< 256 regions) and op are in range by construction.
+            first = (_READ_CODE << 28) | (size << 24) | (region.index << 16) | op
+            return (first, offset, 0, 0), pending
+        return request_words(kind, size, region.index, op, offset, raw), pending
 
     def _store(self, gp: GlobalPtr, value: Any) -> tuple[int, int, int, int] | None:
         region = self._region(gp.region)
@@ -541,7 +656,7 @@ class SplitC(Service):
     async def bulk_read(self, dst: GlobalPtr, src: GlobalPtr, count: int) -> None:
         """Blocking :meth:`bulk_get`."""
         pending = await self.bulk_get(dst, src, count)
-        await self.am.wait_until(lambda: pending.done)
+        await self.am.wait_until(pending.is_done)
 
     async def bulk_write(self, dst: GlobalPtr, data: npt.ArrayLike) -> None:
         """Blocking :meth:`bulk_put`: returns once the target has the data."""
@@ -745,6 +860,23 @@ class SplitC(Service):
     # ------------------------------------------------------------------ handlers
 
     def _on_request(self, peer: int, *words: int) -> None:
+        # The common case first: a well-formed READ of one whole element inside the region,
+        # answered with the element as the reply's value words, no bytes in between.  It is the
+        # general path's answer (tests/layers/splitc compare them); anything else takes that.
+        if plain_word_tuple(words):
+            first = words[0]
+            index = (first >> 16) & 0xFF
+            if first >> 28 == _READ_CODE and index < len(self._by_index):
+                region = self._by_index[index]
+                size = (first >> 24) & 0xF
+                offset = words[1]
+                if size == region.itemsize and region.scalar and offset + size <= region.nbytes:
+                    high, low = region.element_words(offset)
+                    # (Not named like the general path's ``answer``: mypyc types a local once,
+                    # and an int-typed local would turn the Kind below into a plain int.)
+                    reply_first = (_VALUE_CODE << 28) | (size << 24) | (first & 0xFFFF)
+                    self._reply(self._reply_handler, reply_first, 0, high, low)
+                    return
         try:
             kind, size, index, op, offset, data = request_fields(words)
         except SplitcFormatError:
@@ -773,9 +905,24 @@ class SplitC(Service):
                 self._stored += size
             return  # one-way: the sender checked the bounds before sending
         answer = Kind.VALUE if kind is Kind.READ else Kind.ACK
-        self.am.reply(self._reply_handler, *reply_words(answer, size, status, op, value))
+        self._reply(self._reply_handler, *reply_words(answer, size, status, op, value))
 
     def _on_reply(self, peer: int, *words: int) -> None:
+        # The common case first: a well-formed VALUE or ACK with status OK for an operation
+        # outstanding (the general path's outcome; anything else takes that path).
+        if plain_word_tuple(words):
+            first = words[0]
+            code = first >> 28
+            size = (first >> 24) & 0xF
+            if (
+                _VALUE_CODE <= code <= _ACK_CODE  # VALUE, ACK
+                and (first >> 16) & 0xFF == 0
+                and (size in SCALAR_SIZES or (size == 0 and code == _ACK_CODE))
+            ):
+                pending = self._ops.pop(first & 0xFFFF, None)
+                if pending is not None:
+                    pending._complete(_ELEMENT_OF(words[2], words[3])[:size])
+                    return
         try:
             _, size, status, op, value = reply_fields(words)
         except SplitcFormatError:

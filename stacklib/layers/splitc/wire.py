@@ -70,6 +70,8 @@ __all__ = [
     "parse_reply",
     "parse_request",
     "parse_request_reference",
+    "plain_word_tuple",
+    "plain_words",
     "replies",
     "reply_fields",
     "reply_words",
@@ -307,7 +309,8 @@ def reply_words(
     return build_reply(Reply(kind, size, status, op, value))
 
 
-def _plain_words(words: Sequence[int]) -> bool:
+def plain_words(words: Sequence[int]) -> bool:
+    """Whether ``words`` are four plain ints of 32 bits (what the shift-based paths need)."""
     if len(words) != WORDS:
         return False
     # Unrolled (WORDS is 4), not all() over a generator: no call per word.
@@ -324,9 +327,31 @@ def _plain_words(words: Sequence[int]) -> bool:
     )
 
 
+def plain_word_tuple(words: tuple[object, ...]) -> bool:
+    """:func:`plain_words` for a handler's ``*words`` tuple.  Typed for the compiled copy: the
+    words are indexed, not iterated, and tested with ``type(w) is int`` (a pointer compare),
+    not through a ``__class__`` attribute look-up."""
+    if len(words) != WORDS:
+        return False
+    w0 = words[0]
+    w1 = words[1]
+    w2 = words[2]
+    w3 = words[3]
+    return (
+        type(w0) is int
+        and type(w1) is int
+        and type(w2) is int
+        and type(w3) is int
+        and 0 <= w0 <= WORD_MAX
+        and 0 <= w1 <= WORD_MAX
+        and 0 <= w2 <= WORD_MAX
+        and 0 <= w3 <= WORD_MAX
+    )
+
+
 def request_fields(words: Sequence[int]) -> tuple[Kind, int, int, int, int, bytes]:
     """``parse_request(words)`` as (kind, size, region, op, offset, value)."""
-    if _plain_words(words):
+    if plain_words(words):
         first = words[0]
         kind = _REQUEST_KINDS.get(first >> 28)
         size = (first >> 24) & 0xF
@@ -339,7 +364,7 @@ def request_fields(words: Sequence[int]) -> tuple[Kind, int, int, int, int, byte
 
 def reply_fields(words: Sequence[int]) -> tuple[Kind, int, Status, int, bytes]:
     """``parse_reply(words)`` as (kind, size, status, op, value)."""
-    if _plain_words(words):
+    if plain_words(words):
         first = words[0]
         kind = _REPLY_KINDS.get(first >> 28)
         size = (first >> 24) & 0xF
