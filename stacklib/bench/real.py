@@ -34,9 +34,8 @@ import trio
 from stacklib.bench import real_am, shm_rates
 from stacklib.bench.engines import PURE, engines, measure
 from stacklib.bench.peers.shm import PeerSpec, spawn_peer
+from stacklib.bench.real_am import uam_pingpong
 from stacklib.bench.result import Cell, Column, Result
-from stacklib.layers.uam import UamLayer, UamParams, UamService
-from stacklib.services import UNetService
 from stacklib.transports.shm import (
     ShmAddress,
     ShmEndpoint,
@@ -111,8 +110,15 @@ def shm_pingpong(iterations: int, size: int = 40, mode: str = "poll", warmup: in
             _wait_attached(endpoint, channel)
             message = bytes(size)
             if mode in ("trio", "trio-payload"):
-                face = _trio_pingpong if mode == "trio" else _trio_payload_pingpong
-                return trio.run(face, endpoint, channel, message, iterations, warmup)
+                return trio.run(
+                    _trio_pingpong,
+                    endpoint,
+                    channel,
+                    message,
+                    iterations,
+                    warmup,
+                    mode == "trio-payload",
+                )
             # The descriptor-free calls, as the echoing peer uses: raw U-Net at its leanest.
             send, poll = endpoint.send_payload, endpoint.poll_payload
             spins = 0
@@ -134,23 +140,19 @@ def shm_pingpong(iterations: int, size: int = 40, mode: str = "poll", warmup: in
 
 
 async def _trio_pingpong(
-    endpoint: ShmEndpoint, channel: int, message: bytes, iterations: int, warmup: int
+    endpoint: ShmEndpoint,
+    channel: int,
+    message: bytes,
+    iterations: int,
+    warmup: int,
+    payload: bool = False,
 ) -> float:
-    send, recv = endpoint.send, endpoint.recv
-    for _ in range(warmup):
-        await send(channel, message)
-        await recv()
-    start = time.perf_counter()
-    for _ in range(iterations):
-        await send(channel, message)
-        await recv()
-    return (time.perf_counter() - start) / iterations
-
-
-async def _trio_payload_pingpong(
-    endpoint: ShmEndpoint, channel: int, message: bytes, iterations: int, warmup: int
-) -> float:
-    send, recv = endpoint.send_payload_async, endpoint.recv_payload
+    """Mean round trip through the ``await`` face: ``send``/``recv`` (the :class:`Message`
+    face) or, with ``payload``, ``send_payload_async``/``recv_payload``."""
+    if payload:
+        send, recv = endpoint.send_payload_async, endpoint.recv_payload
+    else:
+        send, recv = endpoint.send, endpoint.recv  # type: ignore[assignment]
     for _ in range(warmup):
         await send(channel, message)
         await recv()
@@ -224,182 +226,6 @@ async def _await_cpu(
 
     await rounds(min(iterations, 500))  # warm-up
     return await rounds(iterations)
-
-
-# UAM request/reply between two processes.  Handler 0 at rank 1 replies to handler 1 at rank 0
-# with the request's words; handler 2 at rank 0 hears rank 1 say it is ready (its handler
-# table is filled), so no request meets an empty slot.
-_UAM_ECHO, _UAM_REPLY, _UAM_READY = 0, 1, 2
-_UAM_WORDS = (0x01020304, 0x05060708, 0x090A0B0C, 0x0D0E0F10)
-_UAM_KINDS = ("request", "message")
-_UAM_MODES = ("poll", "trio")
-# A process descheduled for longer than rto * (max_retries + 1) (36 ms by default) would make
-# its peer give up; on a shared 2-core machine that happens, so the benchmark waits 4 s.
-_RETRIES = 1000
-
-
-def _uam_peer(directory: str, cpu: int | None, kind: str, mode: str, spin: float) -> None:
-    """Rank 1 of :func:`uam_pingpong`, in its own process: a UAM layer over a shm endpoint
-    whose handler replies to each request (or a task echoing messages, ``kind="message"``)."""
-    if cpu is not None:
-        os.sched_setaffinity(0, {cpu})
-    network = ShmNetwork(directory=directory, spin_time=spin)
-    try:
-        endpoint, channel = open_endpoint(network, name="peer", remote="main")
-        trio.run(_uam_serve, endpoint, channel, kind, mode)
-    finally:
-        network.close()
-
-
-async def _uam_serve(endpoint: ShmEndpoint, channel: int, kind: str, mode: str) -> None:
-    params = UamParams(background_poll=mode == "trio", max_retries=_RETRIES)
-    async with UamLayer(params).open(UNetService(endpoint)) as am:
-
-        def echo(peer: int, *args: int) -> None:
-            am.reply(_UAM_REPLY, *args)
-
-        am.register_handler(echo, _UAM_ECHO)
-        am.register_handler(lambda peer, *args: None, _UAM_REPLY)
-        await am.request(channel, _UAM_READY)
-        if kind == "message":
-            while True:
-                peer, data = await am.recv()
-                await am.send(peer, data)
-        if mode == "trio":
-            await trio.sleep_forever()
-        # Explicit polling (GAM's am_poll in a loop), with a checkpoint now and then so the
-        # layer's timers run.
-        poll = am.poll
-        spins = 0
-        while True:
-            if not poll():
-                spins += 1
-                relax(spins)
-                if spins & 255 == 0:
-                    await trio.lowlevel.checkpoint()
-
-
-def uam_pingpong(
-    iterations: int,
-    kind: str = "request",
-    mode: str = "poll",
-    size: int = 40,
-    warmup: int = 200,
-    spin: float = 1e-3,
-) -> float:
-    """Mean round trip (s) of UAM between this process and a peer process over shm.
-
-    ``kind="request"``: a GAM request with four words (a 24-byte PDU, paper 000 §5.2's "single
-    cell") to a handler at the peer that replies with them.  ``mode="poll"``: both sides poll
-    explicitly (``background_poll=False``; ``request_nowait`` then ``poll()`` in a loop until
-    the reply handler has run, as a GAM program does); ``mode="trio"``: this side awaits
-    :meth:`UamService.request` and :meth:`UamService.wait_until`, the peer's background poller
-    runs the handler.  ``kind="message"`` (trio only): ``size``-byte messages through the
-    ``send``/``recv`` face, echoed by a task at the peer.  Both shm networks spin ``spin``
-    seconds before sleeping (the transport's ``spin_time``): with the default 50 us, a round
-    trip slowed by other load puts both sides to sleep and every message then pays a wake-up.
-    """
-    if kind not in _UAM_KINDS or mode not in _UAM_MODES or (kind, mode) == ("message", "poll"):
-        raise ValueError(f"no UAM benchmark of kind {kind!r} in mode {mode!r}")
-    import multiprocessing
-
-    mine, theirs = placement(False)
-    with ShmNetwork(spin_time=spin) as network, pinned(mine):
-        endpoint, channel = open_endpoint(network)
-        context = multiprocessing.get_context("spawn")
-        peer = context.Process(
-            target=_uam_peer,
-            args=(network.directory, theirs, kind, mode, spin),
-            daemon=True,
-        )
-        peer.start()
-        try:
-            _wait_attached(endpoint, channel)
-            return trio.run(_uam_client, endpoint, channel, kind, mode, size, iterations, warmup)
-        finally:
-            peer.kill()
-            peer.join(5)
-
-
-class _Replies:
-    """Rank 0's handlers: count replies, note that the peer is ready."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.ready = False
-
-    def reply(self, peer: int, *args: int) -> None:
-        if args != _UAM_WORDS:
-            raise RuntimeError(f"UAM benchmark: reply carried {args!r}")
-        self.count += 1
-
-    def hello(self, peer: int) -> None:
-        self.ready = True
-
-
-async def _uam_client(
-    endpoint: ShmEndpoint,
-    channel: int,
-    kind: str,
-    mode: str,
-    size: int,
-    iterations: int,
-    warmup: int,
-) -> float:
-    params = UamParams(background_poll=False, max_retries=_RETRIES)
-    replies = _Replies()
-    with trio.fail_after(60 + iterations * 1e-3):
-        async with UamLayer(params).open(UNetService(endpoint)) as am:
-            am.register_handler(lambda peer, *args: None, _UAM_ECHO)
-            am.register_handler(replies.reply, _UAM_REPLY)
-            am.register_handler(replies.hello, _UAM_READY)
-            await am.wait_until(lambda: replies.ready)
-            if kind == "message":
-                run = _uam_messages
-            else:
-                run = _uam_polled if mode == "poll" else _uam_awaited
-            await run(am, channel, size, warmup, replies)
-            start = time.perf_counter()
-            await run(am, channel, size, iterations, replies)
-            elapsed = (time.perf_counter() - start) / iterations
-            if kind == "request" and replies.count != warmup + iterations:
-                raise RuntimeError(f"UAM benchmark: {replies.count} replies")
-            await am.drain()
-            return elapsed
-
-
-async def _uam_polled(
-    am: UamService, channel: int, size: int, count: int, replies: _Replies
-) -> None:
-    poll, request = am.poll, am.request_nowait
-    spins = 0
-    for index in range(count):
-        target = replies.count + 1
-        request(channel, _UAM_ECHO, *_UAM_WORDS)
-        while replies.count < target:
-            if not poll():
-                spins += 1
-                relax(spins)
-        if index & 63 == 0:
-            await trio.lowlevel.checkpoint()  # let the layer's timers run now and then
-
-
-async def _uam_awaited(
-    am: UamService, channel: int, size: int, count: int, replies: _Replies
-) -> None:
-    for _ in range(count):
-        target = replies.count + 1
-        await am.request(channel, _UAM_ECHO, *_UAM_WORDS)
-        await am.wait_until(lambda: replies.count >= target)  # noqa: B023 (awaited here)
-
-
-async def _uam_messages(
-    am: UamService, channel: int, size: int, count: int, replies: _Replies
-) -> None:
-    message = bytes(size)
-    for _ in range(count):
-        await am.send(channel, message)
-        await am.recv()
 
 
 def shm_stream(count: int, size: int) -> float:
