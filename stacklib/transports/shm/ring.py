@@ -24,25 +24,31 @@ import struct
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from stacklib.transports.shm.ring_core import Core, RingCore, detached_core, new_core
+# The record format and the header words are the core's (one definition for both forms):
+# KIND_*, ALIGN and WRITTEN* are this module's public names too.
+from stacklib.transports.shm.ring_core import (
+    _HEAD,
+    _LOW,
+    _MESSAGE_HIGH,
+    _PAD_HIGH,
+    _SLEEPING,
+    _TAIL,
+    _WAITING,
+    ALIGN,
+    KIND_MESSAGE,
+    KIND_PAD,
+    WRITTEN,
+    WRITTEN_WAKE,
+    Core,
+    RingCore,
+    detached_core,
+    new_core,
+)
 from stacklib.unet.ni import Payload
 
+__all__ = ["ALIGN", "KIND_MESSAGE", "KIND_PAD", "RECORD_HEADER", "WRITTEN", "WRITTEN_WAKE", "Ring"]
+
 RECORD_HEADER: Final = struct.Struct("<II")  # length, kind
-KIND_MESSAGE: Final = 1
-KIND_PAD: Final = 2
-#: :meth:`Ring.try_write`'s results for a written message: the consumer is awake, or asleep.
-WRITTEN: Final = 1
-WRITTEN_WAKE: Final = 2
-ALIGN: Final = 16
-#: A record header as one native 64-bit word: the length in the low 32 bits, the kind above.
-_LOW: Final = 0xFFFFFFFF
-_MESSAGE_HIGH: Final = KIND_MESSAGE << 32
-_PAD_HIGH: Final = KIND_PAD << 32
-#: Word offsets within a ring's block of the header page (see ``region.RING_WORD``).
-_TAIL: Final = 0
-_HEAD: Final = 8
-_SLEEPING: Final = 16
-_WAITING: Final = 24
 #: Size in words of the private block a broken ring uses instead of the shared header page.
 _DETACHED_WORDS: Final = 512
 

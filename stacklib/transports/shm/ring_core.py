@@ -30,13 +30,15 @@ __all__ = [
     "new_core",
 ]
 
-ALIGN: Final = 16
+ALIGN: Final = 16  #: records start at multiples of this
 KIND_MESSAGE: Final = 1
 KIND_PAD: Final = 2
+#: :meth:`RingCore.try_write`'s results for a written message: the consumer is awake, or asleep.
 WRITTEN: Final = 1
 WRITTEN_WAKE: Final = 2
 #: A core's result when the peer published an impossible value (:attr:`RingCore.failure`).
 BROKEN: Final = -1
+#: A record header as one native 64-bit word: the length in the low 32 bits, the kind above.
 _LOW: Final = 0xFFFFFFFF
 _MESSAGE_HIGH: Final = KIND_MESSAGE << 32
 _PAD_HIGH: Final = KIND_PAD << 32
