@@ -8,15 +8,16 @@ with mypyc (part of mypy: ``pip install 'stacklib[fast]'``; it needs a C compile
 modules are the same source, unchanged: only how they run differs.
 
 The copy also holds the C extensions of :data:`C_EXTENSIONS` (the shm ring's per-message
-core), compiled with the compiler this Python was built with; their Python references run
-wherever they are not built.
+core, the UAM machine's core), compiled with the compiler this Python was built with; their
+Python references run wherever they are not built.
 
 A process started with ``STACKLIB_COMPILED=1`` (or ``=DIR``, a copy's directory) imports
 stacklib's subpackages from the copy, but only from a copy built from exactly the sources
-installed (the hash of every ``.py`` file): after any edit it warns and runs the pure modules
-until ``stacklib compile`` is run again.  ``stacklib splitc table1`` and ``stacklib reproduce
---full`` start their worker processes this way when a copy exists (``--pure``: never), and
-build one first for a run at the papers' sizes when mypyc is installed.
+installed (the hash of every ``.py`` and ``.c`` file): after any edit it warns and runs the
+pure modules until ``stacklib compile`` is run again.  ``stacklib splitc table1`` and
+``stacklib reproduce --full`` start their worker processes this way when a copy exists
+(``--pure``: never), and build one first for a run at the papers' sizes when mypyc is
+installed.
 
 What differs in compiled modules: a function called with an argument of the wrong type raises
 ``TypeError`` at once (the pure code raises its documented error a little later), and
@@ -86,7 +87,6 @@ HOT_MODULES: tuple[str, ...] = (
     "transports/shm/link.py",
     "transports/shm/endpoint.py",
     "transports/shm/ni.py",
-    "layers/uam/machine.py",
     "layers/uam/paths.py",
     "layers/uam/service.py",
     "layers/uam/event_path.py",
@@ -96,8 +96,10 @@ HOT_MODULES: tuple[str, ...] = (
     "layers/splitc/runtime.py",
 )
 #: C extensions built into the copy beside them, relative to the package: the shm ring's
-#: per-message core (its Python reference is ring_core.py, which runs where it is not built).
-C_EXTENSIONS: tuple[str, ...] = ("transports/shm/_ringcore.c",)
+#: per-message core and the UAM machine's core (their Python references, ring_core.py and
+#: machine_core.py, run where they are not built).  (machine.py is not in HOT_MODULES: its
+#: class derives from the core, a C type in the copy, which mypyc cannot compile a class on.)
+C_EXTENSIONS: tuple[str, ...] = ("transports/shm/_ringcore.c", "layers/uam/_uamcore.c")
 ENVIRONMENT = "STACKLIB_COMPILED"
 #: Compiled copies kept after a build: the new one and the most recently built others (each
 #: is some 20 MB, and every edit of the sources makes a new one).
@@ -111,10 +113,11 @@ def package_dir() -> Path:
 
 
 def source_hash(root: Path | None = None) -> str:
-    """SHA-256 over the relative path and bytes of every ``.py`` file of the package."""
+    """SHA-256 over the relative path and bytes of every ``.py`` and ``.c`` file of the
+    package (a copy built from other C sources is stale too)."""
     base = root or package_dir()
     digest = hashlib.sha256()
-    for path in sorted(base.rglob("*.py")):
+    for path in sorted([*base.rglob("*.py"), *base.rglob("*.c")]):
         if "__pycache__" in path.parts:
             continue
         digest.update(path.relative_to(base).as_posix().encode() + b"\0")

@@ -58,7 +58,7 @@ def run_program(environment: dict[str, str]) -> dict[str, object]:
     return answer
 
 
-def test_the_source_hash_follows_every_python_file(tmp_path: Path) -> None:
+def test_the_source_hash_follows_every_python_and_c_file(tmp_path: Path) -> None:
     package = tmp_path / "package"
     (package / "sub").mkdir(parents=True)
     (package / "a.py").write_text("x = 1\n")
@@ -69,7 +69,10 @@ def test_the_source_hash_follows_every_python_file(tmp_path: Path) -> None:
     (package / "notes.txt").write_text("still not code\n")
     assert compiled.source_hash(package) == first
     (package / "sub" / "b.py").write_text("y = 3\n")
-    assert compiled.source_hash(package) != first
+    second = compiled.source_hash(package)
+    assert second != first
+    (package / "sub" / "core.c").write_text("int x;\n")
+    assert compiled.source_hash(package) != second
 
 
 def test_a_copy_that_does_not_match_the_sources_is_not_used(

@@ -234,7 +234,7 @@ def test_small_codecs_agree_with_build_and_parse(pdu: Pdu) -> None:
 
 @given(wire.pdus(max_data=8))
 def test_the_machines_fixed_arity_pack_agrees_with_build(pdu: Pdu) -> None:
-    from stacklib.layers.uam.machine import _pack_small
+    from stacklib.layers.uam.machine_core import _pack_small
 
     if pdu.bulk is not None:
         return
