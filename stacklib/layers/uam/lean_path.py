@@ -118,8 +118,10 @@ class LeanPath(ExecutionPath):
         self._deferred = False
         done = False
         arrival: tuple[int, bytes] | None = first
-        peer, machine = first[0], None
+        peer = first[0]
+        machine = None
         service._poll_now = now  # the handlers' replies take this reading of the clock
+        service._in_poll = True
         try:
             while arrival is not None:
                 peer, data = arrival
@@ -132,7 +134,7 @@ class LeanPath(ExecutionPath):
             done = True
         finally:
             service._current_machine = None
-            service._poll_now = None
+            service._in_poll = False
             self._deferred = None
             if not done:
                 self._unpolled = True  # a handler raised: the rest waits for the next poll

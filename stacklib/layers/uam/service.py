@@ -129,11 +129,14 @@ class UamService(ActiveMessageService):
         self._current_machine: UamMachine | None = None
         self._current_token = 0
         self._current_peer = 0
-        # The clock as read by the lean poll running handlers now (None: read it): a reply
-        # from a handler is made at the poll's time, without another reading.
-        self._poll_now: float | None = None
+        # Whether a lean poll runs handlers now, and its reading of the clock: a reply from a
+        # handler is made at the poll's time, without another reading.  (A flag and a float,
+        # not an optional float: compiled, no float object per poll.)
+        self._in_poll = False
+        self._poll_now = 0.0
         self._failures: dict[int, str] = {}
-        self._errors: deque[BaseException] = deque()
+        # (A list, not a deque: compiled, testing it at every poll is native.)
+        self._errors: list[BaseException] = []
         self._closed = False
         # The run's clock (start() binds the clock's own method: one call, not three), or,
         # for trio's default clock, its offset from perf_counter (see _clock_offset).
@@ -254,11 +257,10 @@ class UamService(ActiveMessageService):
                 "(a reply handler may not reply: paper 000 §5)"
             )
         index = handler if type(handler) is int else self.handler_index(handler)
-        now = self._poll_now
-        if now is not None:
+        if self._in_poll:
             # Inside a lean poll: made at the poll's reading of the clock, and left for the
             # poll's one transmission when its handlers are done (no kick).
-            machine.reply(self._current_token, index, args, now)
+            machine.reply(self._current_token, index, args, self._poll_now)
             self._current_machine = None
             return
         machine.reply(self._current_token, index, args, self._now())
@@ -324,7 +326,7 @@ class UamService(ActiveMessageService):
         :class:`RemoteProtocolError` for a get the peer refused, and whatever a handler raised.
         """
         if self._errors:
-            raise self._errors.popleft()
+            raise self._errors.pop(0)
         return self._path.poll()
 
     def acknowledge(self) -> int:
@@ -561,7 +563,7 @@ class UamService(ActiveMessageService):
 
     def _raise_pending(self) -> None:
         if self._errors:
-            raise self._errors.popleft()
+            raise self._errors.pop(0)
 
     async def _wait_room(self, peer: int) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()
