@@ -13,6 +13,7 @@ import pytest
 import trio
 import trio.testing
 
+import stacklib
 from stacklib.errors import PeerGone, UNetError
 from stacklib.layers.uam import LeanPath, UamLayer, UamParams, UamService
 from stacklib.services import UNetService
@@ -262,6 +263,9 @@ async def test_the_service_reads_trio_s_default_clock_without_calling_it() -> No
     assert service_module._clock_offset(Lookalike()) is None
 
 
+@pytest.mark.skipif(
+    stacklib.COMPILED is not None, reason="replaces a method of a compiled endpoint"
+)
 @pytest.mark.parametrize("fast", [True, False])
 async def test_a_gone_peer_is_raised_where_a_rejection_is_a_loss(fast: bool) -> None:
     # send_payload raises UNetError where send_nowait returned a descriptor marked ERROR: UAM
