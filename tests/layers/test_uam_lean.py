@@ -13,6 +13,8 @@ import pytest
 import trio
 import trio.testing
 
+import stacklib
+from stacklib.errors import PeerGone, UNetError
 from stacklib.layers.uam import LeanPath, UamLayer, UamParams, UamService
 from stacklib.services import UNetService
 from stacklib.transports.shm import ShmAddress, ShmNetwork
@@ -37,23 +39,27 @@ class Wire:
     names (by their index among that endpoint's sends)."""
 
     def __init__(self, endpoint: Endpoint, log: list[tuple[str, bytes]], side: str) -> None:
-        self.send = endpoint.send_nowait
+        self.send = endpoint.send_payload
         self.log, self.side = log, side
         self.count = 0
         self.faults: dict[int, str] = {}
-        endpoint.send_nowait = self.send_nowait  # type: ignore[method-assign]
+        endpoint.send_payload = self.send_payload  # type: ignore[method-assign]
 
-    def send_nowait(self, channel: int, data: Any) -> Any:
+    def send_payload(self, channel: int, data: Any) -> None:
         index, self.count = self.count, self.count + 1
         fault = self.faults.pop(index, None)
         self.log.append((self.side + ("-" + fault if fault else ""), bytes(data)))
         if fault == "refuse":  # the endpoint's queue is full: the pump offers it again
             raise trio.WouldBlock
+        if fault == "reject":  # the NI rejects it at once: lost, go-back-N resends it
+            raise UNetError("the NI rejected the message (test)")
+        if fault == "gone":  # the peer is gone: the application hears of it
+            raise PeerGone("the peer is gone (test)")
         if fault == "drop":
-            return None
+            return
         if fault == "dup":
             self.send(channel, data)
-        return self.send(channel, data)
+        self.send(channel, data)
 
 
 async def settle(clock: trio.testing.MockClock, seconds: float = 0.0) -> None:
@@ -114,8 +120,15 @@ async def exchange(fast: bool, clock: trio.testing.MockClock) -> dict[str, Any]:
             step((0, 50), (0, 51))
             await settle(clock, 1e-4)
             step()
+            wire_b.faults[wire_b.count] = "reject"  # the NI rejects a reply: lost, resent
+            step((0, 60))
+            await settle(clock, 2 * RTO)  # a's request goes again, b acknowledges it again,
+            step()
+            await settle(clock, 2 * RTO)  # then b resends the reply
+            step()
             stats = [attrs.asdict(am.peer_statistics(ch)) for am, ch in ((a, ch_a), (b, ch_b))]
-    return {"wire": logs, "calls": calls, "polls": polls, "stats": stats}
+            rejected = [am.statistics()["rejected"] for am in (a, b)]
+    return {"wire": logs, "calls": calls, "polls": polls, "stats": stats, "rejected": rejected}
 
 
 def run_exchange(fast: bool) -> dict[str, Any]:
@@ -132,6 +145,8 @@ def test_the_lean_forms_match_the_general_ones_on_the_wire() -> None:
     assert stats_a["retransmitted"] >= 2 and stats_b["retransmitted"] >= 1
     assert stats_b["duplicates"] >= 2
     assert [entry[0] for entry in lean["wire"]["a"]].count("a-refuse") == 1
+    assert [entry[0] for entry in lean["wire"]["b"]].count("b-reject") == 1
+    assert lean["rejected"] == [0, 1]  # counted, and otherwise a loss: no error raised
     pongs = [args for what, args in lean["calls"] if what == "pong"]
     assert pongs == [(i, 2, 3, 4) for i in range(3)] + [(10,), (12,), ()] + [
         (20,),
@@ -140,6 +155,7 @@ def test_the_lean_forms_match_the_general_ones_on_the_wire() -> None:
         (40,),
         (50,),
         (51,),
+        (60,),
     ]
     assert ("note", (11,)) in lean["calls"]
 
@@ -245,3 +261,28 @@ async def test_the_service_reads_trio_s_default_clock_without_calling_it() -> No
 
     Lookalike.__name__ = "SystemClock"
     assert service_module._clock_offset(Lookalike()) is None
+
+
+@pytest.mark.skipif(
+    stacklib.COMPILED is not None, reason="replaces a method of a compiled endpoint"
+)
+@pytest.mark.parametrize("fast", [True, False])
+async def test_a_gone_peer_is_raised_where_a_rejection_is_a_loss(fast: bool) -> None:
+    # send_payload raises UNetError where send_nowait returned a descriptor marked ERROR: UAM
+    # counts that datagram and resends it (above); its subclasses (a closed endpoint, a gone
+    # peer) reach the caller, as send_nowait raised them.
+    quiet = UamLayer(UamParams(background_poll=False))
+    with ShmNetwork(spin_time=1000.0) as network:
+        (ep_a, ch_a), (ep_b, _) = shm_pair(network)
+        wire = Wire(ep_a, [], "a")
+        async with quiet.open(UNetService(ep_a)) as a, quiet.open(UNetService(ep_b)) as b:
+            assert isinstance(a.path, LeanPath)
+            a.path.fast = fast
+            b.register_handler(lambda peer, *args: None, 0)
+            wire.faults[0] = "reject"
+            a.request_nowait(ch_a, 0, 1)
+            assert a.statistics()["rejected"] == 1
+            wire.faults[1] = "gone"
+            with pytest.raises(PeerGone, match="gone"):
+                a.request_nowait(ch_a, 0, 2)
+            assert a.statistics()["rejected"] == 1

@@ -51,12 +51,12 @@ from stacklib.layers.splitc.wire import (
     Kind,
     SplitcFormatError,
     Status,
-    plain_word_tuple,
     reply_fields,
     reply_words,
     request_fields,
     request_words,
 )
+from stacklib.layers.uam.service import UamService
 from stacklib.services import ActiveMessageService, Service
 from stacklib.sim import Resource
 
@@ -273,6 +273,22 @@ class _Region:
         return f"<Split-C region {self.index} {self.name!r}, {len(self.array)} elements>"
 
 
+def _given(w0: object, w1: object, w2: object, w3: object) -> tuple[int, ...]:
+    """The words a handler was given (the tuple its ``*words`` was): the parameters up to the
+    last one not None."""
+    if w3 is not None:
+        words: tuple[object, ...] = (w0, w1, w2, w3)
+    elif w2 is not None:
+        words = (w0, w1, w2)
+    elif w1 is not None:
+        words = (w0, w1)
+    elif w0 is not None:
+        words = (w0,)
+    else:
+        words = ()
+    return cast(tuple[int, ...], words)
+
+
 class SplitC(Service):
     """One rank of a Split-C program; see the module docstring and docs/splitc.md.
 
@@ -335,9 +351,12 @@ class SplitC(Service):
         # The scalar paths name their handlers by index: a name is a lookup per message.
         self._request_handler = am.register_handler(self._on_request, name=_H_REQUEST)
         self._reply_handler = am.register_handler(self._on_reply, name=_H_REPLY)
-        # ... and call the service's sends through bound methods taken once.
+        # ... and call the service's sends through bound methods taken once, or, over UAM,
+        # through the service itself (compiled: a native call, without the argument parsing
+        # of a Python one).
         self._request_nowait: Callable[..., None] = am.request_nowait
         self._reply: Callable[..., None] = am.reply
+        self._uam: UamService | None = am if isinstance(am, UamService) else None
         am.register_handler(self._on_stored, name=_H_STORED)
         am.register_handler(self._on_put, name=_H_PUT)
         am.register_handler(self._on_got, name=_H_GOT)
@@ -486,8 +505,12 @@ class SplitC(Service):
         pending = Pending("get", gp, region.dtype, region.decode)
         op = self._new_op(pending)
         first = (_READ_CODE << 28) | (size << 24) | (region.index << 16) | op
+        uam = self._uam
         try:
-            self._request_nowait(channel, self._request_handler, first, offset * size, 0, 0)
+            if uam is not None:
+                uam.request_nowait(channel, self._request_handler, first, offset * size, 0, 0)
+            else:
+                self._request_nowait(channel, self._request_handler, first, offset * size, 0, 0)
         except trio.WouldBlock:
             del self._ops[op]  # not sent: forget it (as _nowait)
             counters["gets"] -= 1
@@ -859,24 +882,51 @@ class SplitC(Service):
 
     # ------------------------------------------------------------------ handlers
 
-    def _on_request(self, peer: int, *words: int) -> None:
+    # The handlers take the words as four parameters, not ``*words``: compiled, the service's
+    # call then builds no tuple and the wrapper skips the general argument parsing.  UAM passes
+    # 0-4 words, never None (a word not given is None); _given() rebuilds the tuple of before
+    # for the general paths.
+
+    def _on_request(
+        self,
+        peer: int,
+        w0: object = None,
+        w1: object = None,
+        w2: object = None,
+        w3: object = None,
+    ) -> None:
         # The common case first: a well-formed READ of one whole element inside the region,
         # answered with the element as the reply's value words, no bytes in between.  It is the
         # general path's answer (tests/layers/splitc compare them); anything else takes that.
-        if plain_word_tuple(words):
-            first = words[0]
+        # (Four plain 32-bit ints, as wire.plain_word_tuple checks, written out: no call.)
+        if (
+            type(w0) is int
+            and type(w1) is int
+            and type(w2) is int
+            and type(w3) is int
+            and 0 <= w0 <= _WORD_MAX
+            and 0 <= w1 <= _WORD_MAX
+            and 0 <= w2 <= _WORD_MAX
+            and 0 <= w3 <= _WORD_MAX
+        ):
+            first = w0
             index = (first >> 16) & 0xFF
             if first >> 28 == _READ_CODE and index < len(self._by_index):
                 region = self._by_index[index]
                 size = (first >> 24) & 0xF
-                offset = words[1]
+                offset = w1
                 if size == region.itemsize and region.scalar and offset + size <= region.nbytes:
                     high, low = region.element_words(offset)
                     # (Not named like the general path's ``answer``: mypyc types a local once,
                     # and an int-typed local would turn the Kind below into a plain int.)
                     reply_first = (_VALUE_CODE << 28) | (size << 24) | (first & 0xFFFF)
-                    self._reply(self._reply_handler, reply_first, 0, high, low)
+                    uam = self._uam
+                    if uam is not None:
+                        uam.reply(self._reply_handler, reply_first, 0, high, low)
+                    else:
+                        self._reply(self._reply_handler, reply_first, 0, high, low)
                     return
+        words = _given(w0, w1, w2, w3)
         try:
             kind, size, index, op, offset, data = request_fields(words)
         except SplitcFormatError:
@@ -907,22 +957,45 @@ class SplitC(Service):
         answer = Kind.VALUE if kind is Kind.READ else Kind.ACK
         self._reply(self._reply_handler, *reply_words(answer, size, status, op, value))
 
-    def _on_reply(self, peer: int, *words: int) -> None:
+    def _on_reply(
+        self,
+        peer: int,
+        w0: object = None,
+        w1: object = None,
+        w2: object = None,
+        w3: object = None,
+    ) -> None:
         # The common case first: a well-formed VALUE or ACK with status OK for an operation
         # outstanding (the general path's outcome; anything else takes that path).
-        if plain_word_tuple(words):
-            first = words[0]
+        if (
+            type(w0) is int
+            and type(w1) is int
+            and type(w2) is int
+            and type(w3) is int
+            and 0 <= w0 <= _WORD_MAX
+            and 0 <= w1 <= _WORD_MAX
+            and 0 <= w2 <= _WORD_MAX
+            and 0 <= w3 <= _WORD_MAX
+        ):
+            first = w0
             code = first >> 28
             size = (first >> 24) & 0xF
             if (
                 _VALUE_CODE <= code <= _ACK_CODE  # VALUE, ACK
                 and (first >> 16) & 0xFF == 0
-                and (size in SCALAR_SIZES or (size == 0 and code == _ACK_CODE))
+                # size in SCALAR_SIZES (1, 2, 4, 8) as arithmetic: no set look-up
+                and ((0 < size <= 8 and not size & (size - 1)) or (size == 0 and code == _ACK_CODE))
             ):
-                pending = self._ops.pop(first & 0xFFFF, None)
+                # (get and del, not pop(op, None): compiled, two native dict operations
+                # instead of a method looked up and called.)
+                ops = self._ops
+                op = first & 0xFFFF
+                pending = ops.get(op)
                 if pending is not None:
-                    pending._complete(_ELEMENT_OF(words[2], words[3])[:size])
+                    del ops[op]
+                    pending._complete(_ELEMENT_OF(w2, w3)[:size])
                     return
+        words = _given(w0, w1, w2, w3)
         try:
             _, size, status, op, value = reply_fields(words)
         except SplitcFormatError:

@@ -103,7 +103,7 @@ class EventPath(ExecutionPath):
             # handler raised, the flag stays set for what is left.
             self._unpolled = False
         finally:
-            service._current = None
+            service._current_machine = None
             self._defer -= 1
             if count or self._dirty:
                 self._dirty = True
@@ -187,7 +187,7 @@ class EventPath(ExecutionPath):
                     except Exception as error:  # handed to the application's next call
                         service._errors.append(error)
                     finally:
-                        service._current = None
+                        service._current_machine = None
             service._wake()
         finally:
             self._defer -= 1

@@ -2,10 +2,10 @@
 
 :meth:`UamService.poll` and the waits take datagrams from the endpoint themselves and run the
 machines and handlers in the caller's task; output goes straight to the endpoint with
-``send_nowait``, once at the end of a poll.  A round trip then needs no hand-off between trio
-tasks.  The receive task only takes what the application's polls have not (running the handlers
-with ``background_poll``) and sleeps on the NI in between; the pump only runs timers and resends
-what the endpoint refused.
+``send_payload`` (no descriptor per datagram), once at the end of a poll.  A round trip then
+needs no hand-off between trio tasks.  The receive task only takes what the application's polls
+have not (running the handlers with ``background_poll``) and sleeps on the NI in between; the
+pump only runs timers and resends what the endpoint refused.
 
 Where the NI is a :class:`~stacklib.unet.polled.PolledNI` (shm, udp, ether), a waiting task and
 the receive task poll with checkpoints for its documented ``spin_time`` before they sleep in
@@ -23,6 +23,7 @@ import trio
 import trio.lowlevel
 
 from stacklib.compiled import mypyc_attr
+from stacklib.errors import UNetError
 from stacklib.layers.uam.paths import ExecutionPath, Task
 from stacklib.unet import Endpoint
 from stacklib.unet.polled import PolledNI, relax
@@ -117,8 +118,10 @@ class LeanPath(ExecutionPath):
         self._deferred = False
         done = False
         arrival: tuple[int, bytes] | None = first
-        peer, machine = first[0], None
+        peer = first[0]
+        machine = None
         service._poll_now = now  # the handlers' replies take this reading of the clock
+        service._in_poll = True
         try:
             while arrival is not None:
                 peer, data = arrival
@@ -130,8 +133,8 @@ class LeanPath(ExecutionPath):
                 arrival = endpoint.poll_payload()
             done = True
         finally:
-            service._current = None
-            service._poll_now = None
+            service._current_machine = None
+            service._in_poll = False
             self._deferred = None
             if not done:
                 self._unpolled = True  # a handler raised: the rest waits for the next poll
@@ -164,7 +167,7 @@ class LeanPath(ExecutionPath):
                     break
             done = True
         finally:
-            service._current = None
+            service._current_machine = None
             if not nested:
                 self._unpolled = not done  # done: every arrival taken so far was handled
                 flush = count or self._deferred
@@ -271,7 +274,7 @@ class LeanPath(ExecutionPath):
     # ------------------------------------------------------------------ transmit and timers
 
     def _flush(self, kick: bool = True, now: float | None = None) -> bool:
-        """Transmit what the machines want sent, now, with ``send_nowait``; what the endpoint
+        """Transmit what the machines want sent, now, with ``send_payload``; what the endpoint
         refuses waits (in order) for the pump.  Returns False if something waits.  Kicks the
         pump only when a timer is due before the pump would wake."""
         service = self.service
@@ -297,11 +300,13 @@ class LeanPath(ExecutionPath):
             if datagrams:
                 for index, datagram in enumerate(datagrams):
                     try:
-                        endpoint.send_nowait(peer, datagram)
+                        endpoint.send_payload(peer, datagram)
                     except trio.WouldBlock:
                         unsent.setdefault(peer, deque()).extend(datagrams[index:])
                         done = False
                         break
+                    except UNetError as error:
+                        self._rejected(error)
                     moved = True
             timer = machine.get_timer()
             if timer is not None and timer < earliest:
@@ -326,11 +331,13 @@ class LeanPath(ExecutionPath):
             endpoint = self._endpoint
             for index, datagram in enumerate(datagrams):
                 try:
-                    endpoint.send_nowait(peer, datagram)  # (compiled: a native call)
+                    endpoint.send_payload(peer, datagram)  # (compiled: a native call)
                 except trio.WouldBlock:
                     self._unsent[peer] = deque(datagrams[index:])
                     done = False
                     break
+                except UNetError as error:
+                    self._rejected(error)
         # (A pump whose deadline has passed runs at the next checkpoint anyway: no kick.)
         if kick and not self._kicked and now < self._pump_deadline:
             timer = machine.get_timer()
@@ -340,6 +347,16 @@ class LeanPath(ExecutionPath):
         if datagrams and service._waiting and (done or index):
             service._wake()  # the backlog moved: senders waiting for it may go on
         return done
+
+    def _rejected(self, error: UNetError) -> None:
+        """A datagram the NI rejected (``send_payload``'s :class:`UNetError`, where
+        ``send_nowait`` returned a descriptor marked ``ERROR``): counted in the service's
+        ``rejected`` and otherwise taken as lost (go-back-N resends it, and a peer that stays
+        unreachable fails as one that loses everything).  Its subclasses (a closed endpoint,
+        a gone peer) are raised, as ``send_nowait`` raised them."""
+        if type(error) is not UNetError:
+            raise error
+        self.service.rejected += 1
 
     async def _pump(self) -> None:
         """Only timers and what the endpoint refused to take."""

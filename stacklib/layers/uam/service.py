@@ -32,7 +32,6 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from time import perf_counter
 from typing import Final
 
 import attrs
@@ -77,6 +76,9 @@ __all__ = ["Handler", "RemoteAddress", "UamParams", "UamService", "choose_path"]
 
 _REQUEST: Final = int(PduType.REQUEST)
 MAX_MESSAGE: Final = 1 << 24  # the datagram face accepts any size; this bounds a single message
+# A module constant, not an imported name: compiled, a static read instead of a look-up in the
+# module's dictionary at every reading of the clock.
+_perf_counter: Final = time.perf_counter
 
 
 def _clock_offset(clock: trio.abc.Clock) -> float | None:
@@ -90,9 +92,9 @@ def _clock_offset(clock: trio.abc.Clock) -> float | None:
     if type(offset) is not float:
         return None
     value: float = offset
-    before = perf_counter()
+    before = _perf_counter()
     reading = clock.current_time()
-    after = perf_counter()
+    after = _perf_counter()
     return value if value + before <= reading <= value + after else None
 
 
@@ -122,12 +124,19 @@ class UamService(ActiveMessageService):
         self._regions = self._tables.regions
         self._gets: dict[tuple[int, int], tuple[int, int, int, tuple[int, ...]]] = {}
         self._inbox: deque[tuple[int, bytes]] = deque()
-        self._current: tuple[UamMachine, int, int] | None = None  # machine, token, peer
-        # The clock as read by the lean poll running handlers now (None: read it): a reply
-        # from a handler is made at the poll's time, without another reading.
-        self._poll_now: float | None = None
+        # The request whose handler runs now, which may reply (None: no reply allowed): three
+        # fields, not a tuple, as one is set for every request handled.
+        self._current_machine: UamMachine | None = None
+        self._current_token = 0
+        self._current_peer = 0
+        # Whether a lean poll runs handlers now, and its reading of the clock: a reply from a
+        # handler is made at the poll's time, without another reading.  (A flag and a float,
+        # not an optional float: compiled, no float object per poll.)
+        self._in_poll = False
+        self._poll_now = 0.0
         self._failures: dict[int, str] = {}
-        self._errors: deque[BaseException] = deque()
+        # (A list, not a deque: compiled, testing it at every poll is native.)
+        self._errors: list[BaseException] = []
         self._closed = False
         # The run's clock (start() binds the clock's own method: one call, not three), or,
         # for trio's default clock, its offset from perf_counter (see _clock_offset).
@@ -139,6 +148,8 @@ class UamService(ActiveMessageService):
         self.chunk_size = min(params.chunk_size, max(1, below.max_message - MAX_OVERHEAD))
         self.unknown_handler = 0
         self.bad_address = 0
+        #: Datagrams the endpoint's NI rejected (lean path): taken as lost, resent by go-back-N.
+        self.rejected = 0
         self._costs = host_costs(below.capability(Endpoint), params.proto_us, params.bulk_us)
         self._path: ExecutionPath = choose_path(self, below, self.event_path)
         self._spin = self._path.spin
@@ -179,7 +190,7 @@ class UamService(ActiveMessageService):
         time, a test's) called."""
         offset = self._offset
         if offset is not None:
-            return offset + perf_counter()
+            return offset + _perf_counter()
         return self._clock()
 
     def close(self) -> None:
@@ -239,18 +250,22 @@ class UamService(ActiveMessageService):
     def reply(self, handler: int | str, *args: int) -> None:
         """Reply from inside a request handler, once; anywhere else
         :class:`LocalProtocolError` (a reply handler may not reply, paper 000 §5)."""
-        current = self._current
-        if current is None:
+        machine = self._current_machine
+        if machine is None:
             raise LocalProtocolError(
                 "UAM: a reply is allowed only from a request handler, once "
                 "(a reply handler may not reply: paper 000 §5)"
             )
-        machine, token, peer = current
         index = handler if type(handler) is int else self.handler_index(handler)
-        now = self._poll_now
-        machine.reply(token, index, args, self._now() if now is None else now)
-        self._current = None
-        self._path.kick(peer)
+        if self._in_poll:
+            # Inside a lean poll: made at the poll's reading of the clock, and left for the
+            # poll's one transmission when its handlers are done (no kick).
+            machine.reply(self._current_token, index, args, self._poll_now)
+            self._current_machine = None
+            return
+        machine.reply(self._current_token, index, args, self._now())
+        self._current_machine = None
+        self._path.kick(self._current_peer)
 
     async def store(
         self,
@@ -311,7 +326,7 @@ class UamService(ActiveMessageService):
         :class:`RemoteProtocolError` for a get the peer refused, and whatever a handler raised.
         """
         if self._errors:
-            raise self._errors.popleft()
+            raise self._errors.pop(0)
         return self._path.poll()
 
     def acknowledge(self) -> int:
@@ -345,7 +360,9 @@ class UamService(ActiveMessageService):
                 continue
             request = taken[0] == _REQUEST
             if request:
-                self._current = (machine, taken[3], peer)
+                self._current_machine = machine
+                self._current_token = taken[3]
+                self._current_peer = peer
             # The words as they arrived (objects: compiled, not unboxed and boxed again), in
             # a call with fixed arguments for the common arities (a star call builds a tuple).
             words: tuple[object, ...] = taken[2]
@@ -357,7 +374,7 @@ class UamService(ActiveMessageService):
             else:
                 handler(peer, *words)
             if request:
-                self._current = None
+                self._current_machine = None
         return count
 
     async def wait_until(self, predicate: Callable[[], bool]) -> None:
@@ -419,6 +436,7 @@ class UamService(ActiveMessageService):
         }
         totals["unknown_handler"] = self.unknown_handler
         totals["bad_address"] = self.bad_address
+        totals["rejected"] = self.rejected
         totals["failed_peers"] = sorted(self._failures)
         totals["peers"] = per_peer
         return totals
@@ -438,11 +456,13 @@ class UamService(ActiveMessageService):
             if handler is None:
                 self.unknown_handler += 1
                 return
-            self._current = (machine, event.token, peer)
+            self._current_machine = machine
+            self._current_token = event.token
+            self._current_peer = peer
             try:
                 handler(peer, *event.args)
             finally:
-                self._current = None
+                self._current_machine = None
         elif isinstance(event, ReplyReceived):
             handler = self._handlers[event.handler]
             if handler is None:
@@ -543,7 +563,7 @@ class UamService(ActiveMessageService):
 
     def _raise_pending(self) -> None:
         if self._errors:
-            raise self._errors.popleft()
+            raise self._errors.pop(0)
 
     async def _wait_room(self, peer: int) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()

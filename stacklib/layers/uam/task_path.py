@@ -70,7 +70,7 @@ class TaskPath(ExecutionPath):
             # Everything taken; if a handler raised, the flag stays set for what is left.
             self._unpolled = False
         finally:
-            service._current = None
+            service._current_machine = None
             if count:
                 self.driver.kick()
         return count

@@ -22,6 +22,9 @@ from stacklib.layers.splitc.wire import (
     build_reply,
     build_request,
 )
+from stacklib.layers.uam import UamLayer, UamParams
+from stacklib.services import UNetService
+from stacklib.transports.shm import ShmNetwork
 
 DTYPES = [
     np.bool_,
@@ -226,6 +229,40 @@ def test_a_handlers_word_tuple_is_plain_exactly_when_plain_words_says(words: Any
     assert plain_word_tuple(words) == expected
     if stacklib.COMPILED is None:  # compiled, plain_words takes ints only (Sequence[int])
         assert plain_words(words) == expected
+
+
+def test_a_handler_given_fewer_words_takes_the_general_path_and_counts_them() -> None:
+    from stacklib.layers.splitc.runtime import _given
+
+    # The handlers take four word parameters (None: not given); _given rebuilds the tuple the
+    # general paths parse, as *words was.
+    assert _given(None, None, None, None) == ()
+    assert _given(1, None, None, None) == (1,)
+    assert _given(1, 2, None, None) == (1, 2)
+    assert _given(1, 2, 3, None) == (1, 2, 3)
+    assert _given(1, 2, 3, 4) == (1, 2, 3, 4)
+    sc, am = rank_with(np.arange(4, dtype=np.int64))
+    pending = sc.get_nowait(sc.ptr(1, "x", 0))
+    first = am.requests[-1][2]
+    sc._on_request(7)
+    sc._on_request(7, first, 0, 0)  # a read's first three words: malformed, no reply
+    sc._on_reply(7)
+    sc._on_reply(7, (5 << 28) | (8 << 24) | (first & 0xFFFF), 0, 0)
+    assert am.replies == [] and not pending.done
+    assert sc.counters["malformed"] == 4
+
+
+def test_split_c_calls_a_uam_service_directly_and_any_other_through_its_methods() -> None:
+    async def main() -> None:
+        with ShmNetwork(spin_time=0.0) as network:
+            node = network.add_node("a")
+            endpoint = node.os.create_endpoint(node.os.process("app"), port=1)
+            async with UamLayer(UamParams(background_poll=False)).open(UNetService(endpoint)) as am:
+                assert SplitC(am, 0, {1: 7})._uam is am
+
+    trio.run(main)
+    sc, _ = rank_with(np.zeros(2, np.int64))
+    assert sc._uam is None
 
 
 def test_a_global_pointer_is_a_value() -> None:
