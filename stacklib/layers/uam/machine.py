@@ -517,6 +517,8 @@ class UamMachineMethods(_MethodsBase):
         self._ack_now = False
 
 
+_SLOTS: Final = ("_state", "_next_xfer", "_inbox_parts")
+
 if TYPE_CHECKING:
     _Core = MachineCore
 else:
@@ -532,9 +534,12 @@ class UamMachine(UamMachineMethods, _Core):
     bulk PDU.  Both ends must use the same ``initial_seq``.
 
     Its core is C where ``stacklib compile`` built it (:attr:`native`), else the Python
-    reference; :func:`machine_class` makes the machine over either.  (No ``__slots__``: the
-    fields of bulk transfers live in the instance's dict, beside the core's.)
+    reference; :func:`machine_class` makes the machine over either.
     """
+
+    # The fields of the rest, in slots: without an instance dict, a method call need not
+    # look for the method's name there first.
+    __slots__ = _SLOTS
 
 
 def machine_class(core: type[MachineCore]) -> type[UamMachine]:
@@ -542,5 +547,6 @@ def machine_class(core: type[MachineCore]) -> type[UamMachine]:
     or a C core's class (the tests run one against the other)."""
     if core is _Core:
         return UamMachine
-    made = type("UamMachine", (UamMachineMethods, core), {"__doc__": UamMachine.__doc__})
+    namespace = {"__doc__": UamMachine.__doc__, "__slots__": _SLOTS}
+    made = type("UamMachine", (UamMachineMethods, core), namespace)
     return made
