@@ -639,11 +639,26 @@ static int receive_small(Core *self, const unsigned char *p, Py_ssize_t size, do
             }
             PyTuple_SET_ITEM(words, i, value);
         }
-        PyObject *arrival = Py_BuildValue("(llNlOO)", kind, handler, words, seq, Py_None,
-                                          empty_bytes);
-        if (arrival == NULL) {
+        /* (type, handler, args, seq, bulk, data), built field by field (no format string). */
+        PyObject *arrival = PyTuple_New(6);
+        PyObject *kind_int = PyLong_FromLong(kind), *handler_int = PyLong_FromLong(handler);
+        PyObject *seq_int = PyLong_FromLong(seq);
+        if (arrival == NULL || kind_int == NULL || handler_int == NULL || seq_int == NULL) {
+            Py_XDECREF(arrival);
+            Py_XDECREF(kind_int);
+            Py_XDECREF(handler_int);
+            Py_XDECREF(seq_int);
+            Py_DECREF(words);
             return -1;
         }
+        PyTuple_SET_ITEM(arrival, 0, kind_int);
+        PyTuple_SET_ITEM(arrival, 1, handler_int);
+        PyTuple_SET_ITEM(arrival, 2, words);
+        PyTuple_SET_ITEM(arrival, 3, seq_int);
+        Py_INCREF(Py_None);
+        PyTuple_SET_ITEM(arrival, 4, Py_None);
+        Py_INCREF(empty_bytes);
+        PyTuple_SET_ITEM(arrival, 5, empty_bytes);
         int failed;
         if (seq == self->expected && PyList_GET_SIZE(self->ready) < 2 * self->window) {
             self->expected = (seq + 1) & MASK; /* in order, and a buffer free */
