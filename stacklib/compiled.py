@@ -13,7 +13,7 @@ Python references run wherever they are not built.
 
 A process started with ``STACKLIB_COMPILED=1`` (or ``=DIR``, a copy's directory) imports
 stacklib's subpackages from the copy, but only from a copy built from exactly the sources
-installed (the hash of every ``.py`` and ``.c`` file): after any edit it warns and runs the
+installed (the hash of every ``.py``, ``.c`` and ``.h`` file): after any edit it warns and runs the
 pure modules until ``stacklib compile`` is run again.  ``stacklib splitc table1`` and
 ``stacklib reproduce --full`` start their worker processes this way when a copy exists
 (``--pure``: never), and build one first for a run at the papers' sizes when mypyc is
@@ -113,11 +113,11 @@ def package_dir() -> Path:
 
 
 def source_hash(root: Path | None = None) -> str:
-    """SHA-256 over the relative path and bytes of every ``.py`` and ``.c`` file of the
-    package (a copy built from other C sources is stale too)."""
+    """SHA-256 over the relative path and bytes of every ``.py``, ``.c`` and ``.h`` file of
+    the package (a copy built from other C sources is stale too)."""
     base = root or package_dir()
     digest = hashlib.sha256()
-    for path in sorted([*base.rglob("*.py"), *base.rglob("*.c")]):
+    for path in sorted([*base.rglob("*.py"), *base.rglob("*.c"), *base.rglob("*.h")]):
         if "__pycache__" in path.parts:
             continue
         digest.update(path.relative_to(base).as_posix().encode() + b"\0")

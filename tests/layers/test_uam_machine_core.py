@@ -38,7 +38,8 @@ def build_c_core(work: Path) -> Any:
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler: the C core of the UAM machine cannot be built here")
     source = work / "_uamcore.c"
-    shutil.copy(package_dir() / "layers" / "uam" / "_uamcore.c", source)
+    for part in (package_dir() / "layers" / "uam").glob("*.[ch]"):  # the source and its headers
+        shutil.copy(part, work / part.name)
     try:
         built = _compile_c(source)
     except RuntimeError as error:

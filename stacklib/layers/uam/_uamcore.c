@@ -8,6 +8,9 @@
  * events, the general parse path, the error messages, failure) it calls as methods on self,
  * exactly where the reference does.
  *
+ * The types, the interned names and the small helpers are in uamcore_types.h, the attribute
+ * tables in uamcore_state.h (one translation unit: both are included here only).
+ *
  * Protocol (paper 000 §5.1): go-back-N with a fixed window w; every PDU but ACK is numbered
  * modulo 65536 and carries the cumulative acknowledgment of what its sender has handled.
  */
@@ -27,112 +30,7 @@
 #define SMALL_MAX (HEADER_SIZE + 4 * MAX_ARGS)
 #define WORD_MAX 0xFFFFFFFFUL
 
-/* ------------------------------------------------------------------ a PDU kept until acked */
-
-typedef struct {
-    PyObject_HEAD
-    long type;
-    long handler;
-    PyObject *args; /* a tuple of ints */
-    PyObject *bulk; /* a Bulk, or None */
-    PyObject *data; /* bytes */
-    char credit;    /* consumes window space (requests, store chunks, gets) */
-    char acked;
-    long seq;
-    long transmissions;
-} Out;
-
-static void Out_dealloc(Out *self) {
-    Py_XDECREF(self->args);
-    Py_XDECREF(self->bulk);
-    Py_XDECREF(self->data);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static PyMemberDef Out_members[] = {
-    {"type", T_LONG, offsetof(Out, type), READONLY, NULL},
-    {"handler", T_LONG, offsetof(Out, handler), READONLY, NULL},
-    {"args", T_OBJECT, offsetof(Out, args), READONLY, NULL},
-    {"bulk", T_OBJECT, offsetof(Out, bulk), READONLY, NULL},
-    {"data", T_OBJECT, offsetof(Out, data), READONLY, NULL},
-    {"credit", T_BOOL, offsetof(Out, credit), READONLY, NULL},
-    {"acked", T_BOOL, offsetof(Out, acked), READONLY, NULL},
-    {"seq", T_LONG, offsetof(Out, seq), READONLY, NULL},
-    {"transmissions", T_LONG, offsetof(Out, transmissions), READONLY, NULL},
-    {NULL},
-};
-
-static PyTypeObject OutType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "stacklib.layers.uam._uamcore._Out",
-    .tp_doc = "A PDU kept until acknowledged (made by the core only).",
-    .tp_basicsize = sizeof(Out),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_dealloc = (destructor)Out_dealloc,
-    .tp_members = Out_members,
-};
-
-static Out *new_out(long type, long handler, PyObject *args, PyObject *bulk, PyObject *data,
-                    int credit) {
-    Out *out = PyObject_New(Out, &OutType);
-    if (out == NULL) {
-        return NULL;
-    }
-    out->type = type;
-    out->handler = handler;
-    Py_INCREF(args);
-    out->args = args;
-    Py_INCREF(bulk);
-    out->bulk = bulk;
-    Py_INCREF(data);
-    out->data = data;
-    out->credit = (char)credit;
-    out->acked = 0;
-    out->seq = -1;
-    out->transmissions = 0;
-    return out;
-}
-
-/* ------------------------------------------------------------------ the core */
-
-typedef struct {
-    PyObject_HEAD
-    long window;
-    double rto;
-    long max_retries;
-    double ack_delay;
-    long chunk_size;
-    long ack_threshold;
-    char failed;
-    /* Sender half. */
-    long next_seq;
-    long credits_used;
-    double deadline;
-    char has_deadline;
-    long retries;
-    PyObject *unacked; /* list of Out */
-    PyObject *backlog; /* list of Out: credit PDUs waiting for window space */
-    PyObject *to_send; /* list of Out */
-    /* Receiver half. */
-    long expected;
-    long handled_through;
-    long owed;
-    double ack_deadline;
-    char has_ack_deadline;
-    char ack_now;
-    long open_token;
-    char has_open_token;
-    long open_type;
-    PyObject *open_pdu; /* the arrival being handled that may be answered, or None */
-    PyObject *ready;    /* list of arrival tuples */
-    PyObject *events;   /* list of events */
-    /* Counters. */
-    long sent, retransmitted, timeouts, acks_sent, acks_received, received, handled;
-    long duplicates, out_of_order, no_buffer, malformed, stale_acks, ignored;
-} Core;
-
-static PyObject *s_check_room, *s_check_args, *s_check_handler, *s_take_token;
-static PyObject *s_receive_other, *s_event, *s_fail, *empty_bytes;
+#include "uamcore_types.h"
 
 static int Core_traverse(Core *self, visitproc visit, void *arg) {
     Py_VISIT(self->unacked);
@@ -205,20 +103,6 @@ static int Core_init(Core *self, PyObject *args, PyObject *kwds) {
 
 /* ------------------------------------------------------------------ helpers */
 
-/* The value of an exact int in [0, max], or -1 (no error set) if it is anything else. */
-static inline long small_value(PyObject *obj, unsigned long max) {
-    if (!PyLong_CheckExact(obj)) {
-        return -1;
-    }
-    int overflow;
-    long value = PyLong_AsLongAndOverflow(obj, &overflow);
-    if (overflow || value < 0 || (unsigned long)value > max) {
-        PyErr_Clear();
-        return -1;
-    }
-    return value;
-}
-
 /* A handler index, checked as the reference does: fast for an exact int in 0..255, else the
  * machine's _check_handler decides (and raises, naming the problem).  -1 with an error set. */
 static long handler_index(Core *self, PyObject *handler) {
@@ -256,13 +140,6 @@ static PyObject *words_of(Core *self, PyObject *args) {
     return PyObject_CallMethodOneArg((PyObject *)self, s_check_args, args);
 }
 
-static inline PyObject *optional_float(char has, double value) {
-    if (!has) {
-        Py_RETURN_NONE;
-    }
-    return PyFloat_FromDouble(value);
-}
-
 /* Give out the next seq and put it in the retransmission buffer (the reference's _assign). */
 static int assign(Core *self, Out *out, double now) {
     out->seq = self->next_seq;
@@ -281,48 +158,6 @@ static int assign(Core *self, Out *out, double now) {
         self->has_deadline = 1;
     }
     return 0;
-}
-
-/* A REQUEST, REPLY or ACK: the 8-byte header and the words, big-endian. */
-static PyObject *pack_small(long type, long handler, long seq, long ack, PyObject *words) {
-    Py_ssize_t nargs = words == NULL ? 0 : PyTuple_GET_SIZE(words);
-    PyObject *result = PyBytes_FromStringAndSize(NULL, HEADER_SIZE + 4 * nargs);
-    if (result == NULL) {
-        return NULL;
-    }
-    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(result);
-    p[0] = (unsigned char)type;
-    p[1] = (unsigned char)handler;
-    p[2] = (unsigned char)(seq >> 8);
-    p[3] = (unsigned char)seq;
-    p[4] = (unsigned char)(ack >> 8);
-    p[5] = (unsigned char)ack;
-    p[6] = (unsigned char)nargs;
-    p[7] = 0;
-    for (Py_ssize_t i = 0; i < nargs; i++) {
-        unsigned long word = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(words, i));
-        if (word == (unsigned long)-1 && PyErr_Occurred()) {
-            Py_DECREF(result);
-            return NULL;
-        }
-        unsigned char *w = p + HEADER_SIZE + 4 * i;
-        w[0] = (unsigned char)(word >> 24);
-        w[1] = (unsigned char)(word >> 16);
-        w[2] = (unsigned char)(word >> 8);
-        w[3] = (unsigned char)word;
-    }
-    return result;
-}
-
-/* Remove and return (a new reference) the first item of a non-empty list. */
-static PyObject *pop_first(PyObject *list) {
-    PyObject *item = PyList_GET_ITEM(list, 0);
-    Py_INCREF(item);
-    if (PyList_SetSlice(list, 0, 1, NULL) < 0) {
-        Py_DECREF(item);
-        return NULL;
-    }
-    return item;
 }
 
 /* The cumulative acknowledgment ack: release what it covers, restart the timer. */
@@ -396,56 +231,6 @@ static int check_arrival(PyObject *arrival, long *seq) {
     }
     return 0;
 }
-
-/* Bind a METH_FASTCALL | METH_KEYWORDS call's arguments to the parameters ``names`` (all
- * required, positional or by keyword, as the reference's methods take them): out[i] is a
- * borrowed reference to the value of names[i].  -1 with TypeError naming the problem. */
-static int bind(const char *method, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
-                const char *const *names, Py_ssize_t count, PyObject **out) {
-    if (nargs > count) {
-        PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments (%zd given)", method, count,
-                     nargs);
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < count; i++) {
-        out[i] = i < nargs ? args[i] : NULL;
-    }
-    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
-    for (Py_ssize_t k = 0; k < nkw; k++) {
-        PyObject *key = PyTuple_GET_ITEM(kwnames, k);
-        Py_ssize_t i;
-        for (i = 0; i < count; i++) {
-            if (PyUnicode_CompareWithASCIIString(key, names[i]) == 0) {
-                break;
-            }
-        }
-        if (i == count) {
-            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", method,
-                         key);
-            return -1;
-        }
-        if (out[i] != NULL) {
-            PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'", method,
-                         names[i]);
-            return -1;
-        }
-        out[i] = args[nargs + k];
-    }
-    for (Py_ssize_t i = 0; i < count; i++) {
-        if (out[i] == NULL) {
-            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s'", method,
-                         names[i]);
-            return -1;
-        }
-    }
-    return 0;
-}
-
-#define BIND(method, ...)                                                                      \
-    static const char *const names[] = {__VA_ARGS__};                                         \
-    PyObject *arg[sizeof(names) / sizeof(names[0])];                                           \
-    if (bind(method, args, nargs, kwnames, names, sizeof(names) / sizeof(names[0]), arg) < 0) \
-        return NULL;
 
 /* ------------------------------------------------------------------ inputs */
 
@@ -925,155 +710,7 @@ static PyObject *Core_get_timer(Core *self, PyObject *unused) {
     return PyFloat_FromDouble(self->deadline);
 }
 
-/* ------------------------------------------------------------------ state */
-
-static PyObject *Core_request_room(Core *self, void *closure) {
-    if (self->failed) {
-        return PyLong_FromLong(0);
-    }
-    long room = self->window - self->credits_used - (long)PyList_GET_SIZE(self->backlog);
-    return PyLong_FromLong(room > 0 ? room : 0);
-}
-
-static PyObject *Core_idle(Core *self, void *closure) {
-    return PyBool_FromLong(!(PyList_GET_SIZE(self->unacked) || PyList_GET_SIZE(self->backlog)));
-}
-
-static PyObject *Core_backlog(Core *self, void *closure) {
-    return PyLong_FromSsize_t(PyList_GET_SIZE(self->backlog));
-}
-
-static PyObject *Core_pending(Core *self, void *closure) {
-    return PyBool_FromLong(PyList_GET_SIZE(self->events) || PyList_GET_SIZE(self->ready));
-}
-
-static PyObject *Core_arrivals_full(Core *self, void *closure) {
-    return PyBool_FromLong(PyList_GET_SIZE(self->ready) >= 2 * self->window);
-}
-
-static PyObject *Core_has_output(Core *self, void *closure) {
-    return PyBool_FromLong(PyList_GET_SIZE(self->backlog) || PyList_GET_SIZE(self->to_send) ||
-                           self->owed || self->ack_now);
-}
-
-/* Optional floats and the optional token, as the reference's attributes (None or a value). */
-static int set_optional_float(PyObject *value, char *has, double *field) {
-    if (value == NULL) {
-        PyErr_SetString(PyExc_AttributeError, "the core's attributes cannot be deleted");
-        return -1;
-    }
-    if (value == Py_None) {
-        *has = 0;
-        return 0;
-    }
-    double number = PyFloat_AsDouble(value);
-    if (number == -1.0 && PyErr_Occurred()) {
-        return -1;
-    }
-    *field = number;
-    *has = 1;
-    return 0;
-}
-
-static PyObject *Core_get_deadline(Core *self, void *closure) {
-    return optional_float(self->has_deadline, self->deadline);
-}
-
-static int Core_set_deadline(Core *self, PyObject *value, void *closure) {
-    return set_optional_float(value, &self->has_deadline, &self->deadline);
-}
-
-static PyObject *Core_get_ack_deadline(Core *self, void *closure) {
-    return optional_float(self->has_ack_deadline, self->ack_deadline);
-}
-
-static int Core_set_ack_deadline(Core *self, PyObject *value, void *closure) {
-    return set_optional_float(value, &self->has_ack_deadline, &self->ack_deadline);
-}
-
-static PyObject *Core_get_open_token(Core *self, void *closure) {
-    if (!self->has_open_token) {
-        Py_RETURN_NONE;
-    }
-    return PyLong_FromLong(self->open_token);
-}
-
-static int Core_set_open_token(Core *self, PyObject *value, void *closure) {
-    if (value == NULL) {
-        PyErr_SetString(PyExc_AttributeError, "the core's attributes cannot be deleted");
-        return -1;
-    }
-    if (value == Py_None) {
-        self->has_open_token = 0;
-        return 0;
-    }
-    long token = PyLong_AsLong(value);
-    if (token == -1 && PyErr_Occurred()) {
-        return -1;
-    }
-    self->open_token = token;
-    self->has_open_token = 1;
-    return 0;
-}
-
-static PyGetSetDef Core_getset[] = {
-    {"request_room", (getter)Core_request_room, NULL,
-     "How many more requests (or bulk operations) are accepted now (0 once failed).", NULL},
-    {"idle", (getter)Core_idle, NULL,
-     "Nothing sent is unacknowledged and nothing waits to be sent.", NULL},
-    {"backlog", (getter)Core_backlog, NULL,
-     "Requests and chunks accepted and waiting for window space.", NULL},
-    {"pending", (getter)Core_pending, NULL, "Events are waiting to be taken.", NULL},
-    {"arrivals_full", (getter)Core_arrivals_full, NULL,
-     "2w arrivals wait for their handlers.", NULL},
-    {"has_output", (getter)Core_has_output, NULL,
-     "False only if datagrams_to_send would return nothing and change nothing.", NULL},
-    {"_deadline", (getter)Core_get_deadline, (setter)Core_set_deadline, NULL, NULL},
-    {"_ack_deadline", (getter)Core_get_ack_deadline, (setter)Core_set_ack_deadline, NULL, NULL},
-    {"_open_token", (getter)Core_get_open_token, (setter)Core_set_open_token, NULL, NULL},
-    {NULL},
-};
-
-#define MEMBER(name, type, field) {name, type, offsetof(Core, field), 0, NULL}
-#define READ_ONLY(name, type, field) {name, type, offsetof(Core, field), READONLY, NULL}
-
-static PyMemberDef Core_members[] = {
-    MEMBER("window", T_LONG, window),
-    MEMBER("rto", T_DOUBLE, rto),
-    MEMBER("max_retries", T_LONG, max_retries),
-    MEMBER("ack_delay", T_DOUBLE, ack_delay),
-    MEMBER("chunk_size", T_LONG, chunk_size),
-    MEMBER("_ack_threshold", T_LONG, ack_threshold),
-    MEMBER("_failed", T_BOOL, failed),
-    MEMBER("_next_seq", T_LONG, next_seq),
-    MEMBER("_credits_used", T_LONG, credits_used),
-    MEMBER("_retries", T_LONG, retries),
-    READ_ONLY("_unacked", T_OBJECT, unacked),
-    READ_ONLY("_backlog", T_OBJECT, backlog),
-    READ_ONLY("_to_send", T_OBJECT, to_send),
-    MEMBER("_expected", T_LONG, expected),
-    MEMBER("_handled_through", T_LONG, handled_through),
-    MEMBER("_owed", T_LONG, owed),
-    MEMBER("_ack_now", T_BOOL, ack_now),
-    MEMBER("_open_type", T_LONG, open_type),
-    MEMBER("_open_pdu", T_OBJECT, open_pdu),
-    READ_ONLY("_ready", T_OBJECT, ready),
-    READ_ONLY("_events", T_OBJECT, events),
-    MEMBER("_sent", T_LONG, sent),
-    MEMBER("_retransmitted", T_LONG, retransmitted),
-    MEMBER("_timeouts", T_LONG, timeouts),
-    MEMBER("_acks_sent", T_LONG, acks_sent),
-    MEMBER("_acks_received", T_LONG, acks_received),
-    MEMBER("_received", T_LONG, received),
-    MEMBER("_handled", T_LONG, handled),
-    MEMBER("_duplicates", T_LONG, duplicates),
-    MEMBER("_out_of_order", T_LONG, out_of_order),
-    MEMBER("_no_buffer", T_LONG, no_buffer),
-    MEMBER("_malformed", T_LONG, malformed),
-    MEMBER("_stale_acks", T_LONG, stale_acks),
-    MEMBER("_ignored", T_LONG, ignored),
-    {NULL},
-};
+#include "uamcore_state.h"
 
 static PyMethodDef Core_methods[] = {
     {"request", (PyCFunction)(void (*)(void))Core_request, METH_FASTCALL | METH_KEYWORDS,
