@@ -38,7 +38,7 @@ _T = TypeVar("_T")
 #: an endpoint (its ``yield_every``).  Each is a cancellation point every time; the call that
 #: yields also delivers a ``KeyboardInterrupt`` trio holds for the main task.  A scheduler
 #: pass costs some 5-10 us here, so this adds 0.02-0.04 us a call (0.08-0.15 at 64); other
-#: tasks wait at most this many calls' work, some 0.1 ms compiled and 0.5 ms pure.
+#: tasks wait at most this many calls' work, some 0.1-0.2 ms compiled and 0.5 ms pure.
 YIELD_EVERY: Final = 256
 
 
@@ -68,8 +68,9 @@ class ShmEndpoint(Endpoint):
         self._rotate = False
         #: The ring whose record :meth:`poll_view` lent out, freed by the next receive call.
         self._held: Ring | None = None
-        #: Calls of the ``await`` faces (:meth:`send`, :meth:`recv`, ...) that did not wait
-        #: between two that yield to other tasks: :data:`YIELD_EVERY` unless changed.
+        #: The ``await`` faces (:meth:`send`, :meth:`recv`, ...) yield to other tasks, and
+        #: make the full cancellation test, on every this-many-th call that did not wait
+        #: (:data:`YIELD_EVERY` unless changed; 1: every call).
         self.yield_every: int = YIELD_EVERY
         #: Calls of the ``await`` faces since one last yielded to other tasks.
         self._unyielded = 0
