@@ -75,6 +75,28 @@ def cancel_point() -> bool:
     return runner.ki_pending and task is runner.main_task
 
 
+def cancelled() -> bool:
+    """:func:`cancel_point` without the keyboard-interrupt test: the cheaper test for the
+    calls between two full ones.
+
+    Returns False when the calling trio task is not cancelled; True when it is, and also
+    outside a trio task or on a trio without the fields this reads (the caller then awaits
+    ``trio.lowlevel.checkpoint_if_cancelled()``, as after :func:`cancel_point`).  A
+    ``KeyboardInterrupt`` trio holds for the main task (one that arrived while trio's own code
+    ran: elsewhere it is raised where the program is) is not seen: a caller that uses this
+    must call :func:`cancel_point` at least every so many calls, and documents how many.  Some
+    70-95 ns compiled against 95-130 for :func:`cancel_point` (three attribute reads of five).
+    """
+    context = _RUN_CONTEXT
+    if context is None:
+        return True
+    try:
+        task = context.task
+    except AttributeError:  # not in a trio task
+        return True
+    return bool(task._cancel_status.effectively_cancelled)
+
+
 def relax(spins: int) -> None:
     """Call from a busy-poll loop after each empty poll, with a running count.
 

@@ -4,6 +4,9 @@ within :data:`YIELD_EVERY` calls, and nothing lost or reordered, cancelled calls
 
 from __future__ import annotations
 
+import signal
+import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
@@ -12,7 +15,7 @@ import trio
 from stacklib.errors import EndpointClosed
 from stacklib.transports.shm import ShmEndpoint, ShmNetwork
 from stacklib.transports.shm.endpoint import YIELD_EVERY
-from stacklib.unet import EndpointConfig, connect
+from stacklib.unet import EndpointConfig, connect, polled
 
 Pair = tuple[ShmEndpoint, ShmEndpoint, int, int]
 
@@ -172,3 +175,128 @@ async def test_the_payload_faces_on_a_closed_endpoint(pair: Pair) -> None:
     ep_a.close()
     with pytest.raises(EndpointClosed):
         await ep_a.send_payload_async(ch_a, b"x")
+
+
+@trio.lowlevel.enable_ki_protection
+def _ctrl_c_in_trio_code() -> None:
+    """A Ctrl-C landing where trio's own code runs: trio holds it for the main task's next
+    checkpoint (``ki_pending``) instead of raising it there."""
+    signal.raise_signal(signal.SIGINT)
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_a_ctrl_c_trio_holds_is_raised_within_yield_every_calls(face: str, pair: Pair) -> None:
+    """Calls that do not yield still deliver a held ``KeyboardInterrupt``: the call that
+    would yield raises it before it takes or sends anything."""
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("trio installs its Ctrl-C handler only over Python's default one")
+    ep_a, ep_b, ch_a, ch_b = pair
+    ep_a.yield_every = ep_b.yield_every = 8
+    count = 40  # 2-byte messages: all fit the ring
+
+    async def main() -> int:
+        send, receive = _send(face, ep_a, ch_a), _receive(face, ep_b)
+        await send_all(send, count)
+        _ctrl_c_in_trio_code()
+        assert polled._RUN_CONTEXT.runner.ki_pending
+        calls = 0
+        with pytest.raises(KeyboardInterrupt):
+            while True:
+                assert await receive() == calls.to_bytes(2, "little")
+                calls += 1
+        return calls
+
+    async def send_all(send: Callable[[bytes], Awaitable[None]], n: int) -> None:
+        for index in range(n):
+            await send(index.to_bytes(2, "little"))
+
+    taken = trio.run(main)
+    assert taken < 8  # delivered by the eighth call at the latest
+    assert ep_b.poll_payload() == (ch_b, taken.to_bytes(2, "little"))  # and nothing lost
+
+    # The send faces the same way: the interrupted send sent nothing.
+    ep_b.recv_many(count)
+
+    async def sends() -> int:
+        send = _send(face, ep_a, ch_a)
+        _ctrl_c_in_trio_code()
+        calls = 0
+        with pytest.raises(KeyboardInterrupt):
+            while True:
+                await send(calls.to_bytes(2, "little"))
+                calls += 1
+        return calls
+
+    sent = trio.run(sends)
+    assert sent < 8
+    assert [message.data for message in ep_b.recv_many(count)] == [
+        index.to_bytes(2, "little") for index in range(sent)
+    ]
+
+
+@pytest.mark.parametrize("face", FACES)
+async def test_yield_every_sets_how_often_other_tasks_run(face: str, pair: Pair) -> None:
+    ep_a, ep_b, ch_a, _ = pair
+    ep_a.yield_every = ep_b.yield_every = 5
+    send, receive = _send(face, ep_a, ch_a), _receive(face, ep_b)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ticker)
+        await trio.lowlevel.checkpoint()
+        start = ticks
+        for index in range(50):  # 50 calls of each endpoint: 10 yields each
+            await send(index.to_bytes(2, "little"))
+            assert await receive() == index.to_bytes(2, "little")
+        ran = ticks - start
+        nursery.cancel_scope.cancel()
+    assert 2 * 10 - 2 <= ran <= 2 * 10 + 2
+
+
+@pytest.mark.parametrize("face", FACES)
+@pytest.mark.parametrize("hot_spin", [0.5, 0.0])
+async def test_a_reply_within_hot_spin_is_taken_without_yielding(
+    face: str, hot_spin: float
+) -> None:
+    """A receive polls ``hot_spin`` seconds without yielding (a reply from another process
+    comes sooner than a scheduler pass); with ``hot_spin=0`` it goes straight to the spin
+    with checkpoints, where other tasks run."""
+    with ShmNetwork(ring_bytes=4096, max_message=1024, spin_time=1.0, hot_spin=hot_spin) as network:
+        a, b = network.add_node("a"), network.add_node("b")
+        ep_a = a.os.create_endpoint(a.os.process("x"), port=1)
+        ep_b = b.os.create_endpoint(b.os.process("y"), port=1)
+        assert isinstance(ep_a, ShmEndpoint) and isinstance(ep_b, ShmEndpoint)
+        ch_a, _ = connect(ep_a, ep_b)
+        receive = _receive(face, ep_b)
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await trio.lowlevel.checkpoint()
+
+        def reply_soon() -> None:  # the peer: another thread, as another process would be
+            time.sleep(0.005)
+            ep_a.send_payload(ch_a, b"reply")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ticker)
+            await trio.lowlevel.checkpoint()
+            peer = threading.Thread(target=reply_soon)
+            peer.start()
+            before = ticks
+            assert await receive() == b"reply"
+            ran = ticks - before
+            peer.join()
+            nursery.cancel_scope.cancel()
+    if hot_spin:
+        assert ran == 0
+    else:
+        assert ran > 0

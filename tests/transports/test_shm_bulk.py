@@ -11,7 +11,6 @@ import trio
 
 from stacklib.errors import UNetError
 from stacklib.transports.shm import ShmEndpoint, ShmNetwork
-from stacklib.transports.shm.endpoint import YIELD_EVERY
 from stacklib.unet import DescriptorStatus, connect
 
 
@@ -24,6 +23,10 @@ def small() -> Iterator[ShmNetwork]:
     # 4 KiB rings: a few records of a few hundred bytes wrap around often.
     with ShmNetwork(ring_bytes=4096, max_message=1500) as net:
         yield net
+
+
+#: The ``yield_every`` these tests set: twice its number of small messages fit a ring.
+EVERY = 64
 
 
 def _pair(network: ShmNetwork) -> tuple[ShmEndpoint, ShmEndpoint, int, int]:
@@ -158,7 +161,8 @@ async def test_recv_yields_now_and_then_and_is_always_a_cancellation_point(
     small: ShmNetwork,
 ) -> None:
     ep_a, ep_b, ch_a, _ = _pair(small)
-    count = 2 * YIELD_EVERY
+    ep_b.yield_every = EVERY
+    count = 2 * EVERY
     for index in range(count):
         ep_a.send_nowait(ch_a, bytes([index]))
     ticks = 0
@@ -197,11 +201,12 @@ def test_hot_spin_is_checked() -> None:
 
 
 async def test_send_yields_now_and_then_and_returns_with_the_message_in_the_ring() -> None:
-    # A 32 KiB ring holds 157 of these 200-byte messages (2 * YIELD_EVERY fit): the rest wait
+    # A 32 KiB ring holds 157 of these 200-byte messages (2 * EVERY fit): the rest wait
     # in the send queue, and each ``await send`` returns only once its message is in the ring.
-    assert 2 * YIELD_EVERY * 208 <= 32768
+    assert 2 * EVERY * 208 <= 32768
     with ShmNetwork(ring_bytes=32768, max_message=1024, spin_time=0.0) as network:
         ep_a, ep_b, ch_a, _ = _pair(network)
+        ep_a.yield_every = EVERY
         ticks = 0
         got: list[bytes] = []
 
@@ -218,11 +223,11 @@ async def test_send_yields_now_and_then_and_returns_with_the_message_in_the_ring
                 nursery.start_soon(receiver)
                 await trio.lowlevel.checkpoint()
                 before = ticks
-                for index in range(2 * YIELD_EVERY):  # fits the ring: no waiting
+                for index in range(2 * EVERY):  # fits the ring: no waiting
                     descriptor = await ep_a.send(ch_a, bytes([index & 0xFF]) * 200)
                     assert descriptor.status is DescriptorStatus.INJECTED
                 assert 1 <= ticks - before <= 3
-                for index in range(2 * YIELD_EVERY, 300):
+                for index in range(2 * EVERY, 300):
                     descriptor = await ep_a.send(ch_a, bytes([index & 0xFF]) * 200)
                     assert descriptor.status is DescriptorStatus.INJECTED
                     assert not ep_a.send_queue

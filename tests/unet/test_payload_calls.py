@@ -16,7 +16,7 @@ from stacklib.unet import (
     UpcallCondition,
     polled,
 )
-from stacklib.unet.polled import cancel_point
+from stacklib.unet.polled import cancel_point, cancelled
 from tests.unet.test_batch_calls import CONFIG, Rig
 from tests.unet.test_batch_calls import rig as rig  # the fixture, over every transport
 from tests.unet.test_batch_calls import shm_pair as shm_pair  # two shm endpoints, a channel
@@ -175,3 +175,29 @@ async def test_cancel_point_tests_the_calling_task() -> None:
 
 def test_cancel_point_outside_trio_sends_the_caller_to_trio() -> None:
     assert cancel_point() is True  # and checkpoint_if_cancelled raises RuntimeError there
+    assert cancelled() is True
+
+
+async def test_cancelled_tests_the_calling_task() -> None:
+    assert cancelled() is False
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        assert cancelled() is True
+        with trio.CancelScope(shield=True):
+            assert cancelled() is False  # a shielded scope inside a cancelled one
+    assert cancelled() is False
+
+
+def test_only_cancel_point_sees_a_keyboard_interrupt_trio_holds() -> None:
+    """A Ctrl-C that lands in trio's own code waits in ``ki_pending`` for the main task's
+    next checkpoint: :func:`cancel_point` sees it, :func:`cancelled` does not."""
+
+    async def main() -> tuple[bool, bool]:
+        runner = polled._RUN_CONTEXT.runner
+        runner.ki_pending = True
+        try:
+            return cancel_point(), cancelled()
+        finally:
+            runner.ki_pending = False
+
+    assert trio.run(main) == (True, False)

@@ -19,7 +19,7 @@ from stacklib.errors import PeerGone, SegmentError, UNetError
 from stacklib.transports.shm.link import ShmLink
 from stacklib.transports.shm.ring import WRITTEN_WAKE, Ring
 from stacklib.unet.endpoint import Endpoint, EndpointConfig, Message
-from stacklib.unet.polled import cancel_point
+from stacklib.unet.polled import cancel_point, cancelled
 from stacklib.unet.polled import relax as relax
 from stacklib.wire.descriptor import DescriptorStatus, Fragment, SendDescriptor
 
@@ -35,9 +35,11 @@ _T = TypeVar("_T")
 
 #: The ``await`` calls (:meth:`ShmEndpoint.send`, ``recv``, ``send_payload_async``,
 #: ``recv_payload``) that did not wait yield to other trio tasks once in this many calls of
-#: an endpoint (each is a cancellation point every time).  A scheduler pass costs some 4-5 us
-#: here, so this adds about 0.07 us a call; other tasks wait at most this many calls' work.
-YIELD_EVERY: Final = 64
+#: an endpoint (its ``yield_every``).  Each is a cancellation point every time; the call that
+#: yields also delivers a ``KeyboardInterrupt`` trio holds for the main task.  A scheduler
+#: pass costs some 5-10 us here, so this adds 0.02-0.04 us a call (0.08-0.15 at 64); other
+#: tasks wait at most this many calls' work, some 0.1-0.2 ms compiled and 0.5 ms pure.
+YIELD_EVERY: Final = 256
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -66,7 +68,11 @@ class ShmEndpoint(Endpoint):
         self._rotate = False
         #: The ring whose record :meth:`poll_view` lent out, freed by the next receive call.
         self._held: Ring | None = None
-        #: Calls of :meth:`send` and :meth:`recv` since one last yielded to other tasks.
+        #: The ``await`` faces (:meth:`send`, :meth:`recv`, ...) yield to other tasks, and
+        #: make the full cancellation test, on every this-many-th call that did not wait
+        #: (:data:`YIELD_EVERY` unless changed; 1: every call).
+        self.yield_every: int = YIELD_EVERY
+        #: Calls of the ``await`` faces since one last yielded to other tasks.
         self._unyielded = 0
 
     def add_rx_link(self, link: ShmLink, channel: int) -> None:
@@ -416,39 +422,29 @@ class ShmEndpoint(Endpoint):
         """Send, waiting while the ring is full: spin ``spin_time`` seconds with checkpoints,
         then sleep; return once the message is in the peer's ring.
 
-        Always a cancellation point (:func:`cancel_point`).  A message queued behind a full
-        ring is waited for until this process's NI has put it into the ring (the NI has no
+        Always a cancellation point, yielding to other tasks only every :attr:`yield_every`
+        calls that did not wait, as :meth:`recv`.  A message queued behind a full ring is
+        waited for until this process's NI has put it into the ring (the NI has no
         processor: a sender that returned could leave it queued with no one to push it);
         cancelled during that wait, the message stays queued and goes out when the NI next
-        runs.  A send that did not wait yields to other tasks only every :data:`YIELD_EVERY`
-        calls, as :meth:`recv` does.
+        runs.
         """
-        if cancel_point():
+        unyielded = self._unyielded
+        if cancel_point() if unyielded >= self.yield_every - 1 else cancelled():
             await trio.lowlevel.checkpoint_if_cancelled()
-        ni = self.shm_ni
-        deadline = 0.0  # set once the send queue was full: this call waited
-        while True:
-            try:
-                descriptor = self.send_nowait(channel, data, dest_offset=dest_offset)
-            except trio.WouldBlock:
-                now = time.perf_counter()
-                if not deadline:
-                    deadline = now + ni.spin_time
-                if now < deadline:
-                    await trio.lowlevel.checkpoint()
-                else:
-                    await ni.idle_wait()
-            else:
-                break
-        if descriptor.status is _POSTED:
-            await self._injected(channel, descriptor)
-        elif deadline:
-            self._unyielded = 0
+        try:
+            descriptor = self.send_nowait(channel, data, dest_offset=dest_offset)
+        except trio.WouldBlock:  # the send queue is full
+            descriptor = await self._send_waiting(channel, data, dest_offset)
         else:
-            self._unyielded += 1
-            if self._unyielded < YIELD_EVERY:
+            if descriptor.status is not _POSTED:  # in the ring (or refused): no wait
+                if unyielded < self.yield_every - 1:
+                    self._unyielded = unyielded + 1
+                    return descriptor
+                self._unyielded = 0
+                await trio.lowlevel.cancel_shielded_checkpoint()
                 return descriptor
-            self._unyielded = 0
+            await self._injected(channel, descriptor)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return descriptor
 
@@ -456,12 +452,14 @@ class ShmEndpoint(Endpoint):
         """:meth:`send` without the descriptor (the ``await`` face of :meth:`send_payload`):
         the same waits, cancellation point and yields, and the same errors as
         :meth:`send_payload`; a message the fast path takes builds no per-message object."""
-        if cancel_point():
+        unyielded = self._unyielded
+        if cancel_point() if unyielded >= self.yield_every - 1 else cancelled():
             await trio.lowlevel.checkpoint_if_cancelled()
         try:
             self.send_payload(channel, data)
-        except trio.WouldBlock:  # the send queue is full: send() waits for room
-            descriptor = await self.send(channel, data)
+        except trio.WouldBlock:  # the send queue is full: wait for room as send() does
+            descriptor = await self._send_waiting(channel, data, None)
+            await trio.lowlevel.cancel_shielded_checkpoint()
             if descriptor.status is _ERROR:
                 raise UNetError(
                     f"{self!r} channel {channel}: the NI rejected the message "
@@ -478,10 +476,33 @@ class ShmEndpoint(Endpoint):
                 await self._injected(channel, descriptor)
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 return
-        self._unyielded += 1
-        if self._unyielded >= YIELD_EVERY:
-            self._unyielded = 0
-            await trio.lowlevel.cancel_shielded_checkpoint()
+        if unyielded < self.yield_every - 1:
+            self._unyielded = unyielded + 1
+            return
+        self._unyielded = 0
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def _send_waiting(
+        self, channel: int, data: bytes | bytearray | memoryview, dest_offset: int | None
+    ) -> SendDescriptor:
+        """The waiting part of :meth:`send`, once the send queue was full: spin ``spin_time``
+        seconds with checkpoints, then sleep, until the message is queued; then wait until
+        it is in the ring (:meth:`_injected`)."""
+        ni = self.shm_ni
+        self._unyielded = 0
+        deadline = time.perf_counter() + ni.spin_time
+        while True:
+            if time.perf_counter() < deadline:
+                await trio.lowlevel.checkpoint()
+            else:
+                await ni.idle_wait()
+            try:
+                descriptor = self.send_nowait(channel, data, dest_offset=dest_offset)
+            except trio.WouldBlock:
+                continue
+            if descriptor.status is _POSTED:
+                await self._injected(channel, descriptor)
+            return descriptor
 
     async def _injected(self, channel: int, descriptor: SendDescriptor) -> None:
         """Wait until this process's NI has put the queued ``descriptor`` into the ring."""
@@ -504,54 +525,88 @@ class ShmEndpoint(Endpoint):
         busy channel comes sooner than a trio scheduler pass takes), then spin ``spin_time``
         seconds with checkpoints, then sleep.
 
-        Always a cancellation point (:func:`cancel_point`: a cancelled call raises
-        ``trio.Cancelled`` before it takes a message).  A call that did not wait yields to
-        other tasks only every :data:`YIELD_EVERY` calls: a scheduler pass costs several
-        microseconds, as much as the whole round trip over shm, so yielding on every message
-        would make the ``await`` face several times slower than polling.  Other tasks wait at
-        most ``hot_spin`` plus that many calls' work.
+        Always a cancellation point: a call in a cancelled scope raises ``trio.Cancelled``
+        before it takes a message (:func:`cancelled`; the call that yields makes the full
+        :func:`cancel_point` test, which also delivers a ``KeyboardInterrupt`` trio holds for
+        the main task).  A call that did not wait yields to other tasks only every
+        :attr:`yield_every` calls: a scheduler pass costs several microseconds, as much as
+        the whole round trip over shm, so yielding on every message would make the ``await``
+        face several times slower than polling.  Other tasks wait at most ``hot_spin`` plus
+        that many calls' work.
         """
-        if cancel_point():
+        unyielded = self._unyielded
+        if cancel_point() if unyielded >= self.yield_every - 1 else cancelled():
             await trio.lowlevel.checkpoint_if_cancelled()
         message = self.poll()
         if message is None:
-            return await self._wait(self.poll)
-        self._unyielded += 1
-        if self._unyielded >= YIELD_EVERY:
-            self._unyielded = 0
-            await trio.lowlevel.cancel_shielded_checkpoint()
+            message = self._spin_poll()
+            if message is None:
+                return await self._wait(self.poll)
+        if unyielded < self.yield_every - 1:
+            self._unyielded = unyielded + 1
+            return message
+        self._unyielded = 0
+        await trio.lowlevel.cancel_shielded_checkpoint()
         return message
 
     async def recv_payload(self) -> tuple[int, bytes]:
         """:meth:`recv` as (channel, data), no :class:`Message` (the ``await`` face of
         :meth:`poll_payload`): the same waits, cancellation point and yields."""
-        if cancel_point():
+        unyielded = self._unyielded
+        if cancel_point() if unyielded >= self.yield_every - 1 else cancelled():
             await trio.lowlevel.checkpoint_if_cancelled()
         arrival = self.poll_payload()
         if arrival is None:
-            return await self._wait(self.poll_payload)
-        self._unyielded += 1
-        if self._unyielded >= YIELD_EVERY:
-            self._unyielded = 0
-            await trio.lowlevel.cancel_shielded_checkpoint()
+            arrival = self._spin_payload()
+            if arrival is None:
+                return await self._wait(self.poll_payload)
+        if unyielded < self.yield_every - 1:
+            self._unyielded = unyielded + 1
+            return arrival
+        self._unyielded = 0
+        await trio.lowlevel.cancel_shielded_checkpoint()
         return arrival
 
+    def _spin_poll(self) -> Message | None:
+        """:meth:`poll` for up to ``hot_spin`` seconds without yielding (the clock read every
+        8th poll, so a reply is seen within a poll or so of its arrival): the message, or
+        None."""
+        hot_spin = self.shm_ni.hot_spin
+        if not hot_spin:
+            return None
+        hot = time.perf_counter() + hot_spin
+        spins = 0
+        while True:
+            message = self.poll()
+            if message is not None:
+                return message
+            spins += 1
+            if spins & 7 == 0 and time.perf_counter() >= hot:
+                return None
+            relax(spins)  # a peer sharing this CPU runs now, not after our time slice
+
+    def _spin_payload(self) -> tuple[int, bytes] | None:
+        """:meth:`_spin_poll` with :meth:`poll_payload` (written out again so the loop calls
+        it directly)."""
+        hot_spin = self.shm_ni.hot_spin
+        if not hot_spin:
+            return None
+        hot = time.perf_counter() + hot_spin
+        spins = 0
+        while True:
+            arrival = self.poll_payload()
+            if arrival is not None:
+                return arrival
+            spins += 1
+            if spins & 7 == 0 and time.perf_counter() >= hot:
+                return None
+            relax(spins)
+
     async def _wait(self, poll: Callable[[], _T | None]) -> _T:
-        """The waiting part of :meth:`recv` and :meth:`recv_payload`, once ``poll`` found
-        nothing: the hot spin, then spins with checkpoints, then sleeps."""
+        """The waiting part of :meth:`recv` and :meth:`recv_payload`, once the hot spin found
+        nothing: spins with checkpoints for ``spin_time`` seconds, then sleeps."""
         ni = self.shm_ni
         now = time.perf_counter
-        hot = now() + ni.hot_spin
-        spins = 0
-        while (arrival := poll()) is None and now() < hot:
-            spins += 1
-            relax(spins)  # a peer sharing this CPU runs now, not after our time slice
-        if arrival is not None:
-            self._unyielded += 1
-            if self._unyielded >= YIELD_EVERY:
-                self._unyielded = 0
-                await trio.lowlevel.cancel_shielded_checkpoint()
-            return arrival
         self._unyielded = 0
         deadline = now() + ni.spin_time
         while True:
