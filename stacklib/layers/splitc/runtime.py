@@ -273,6 +273,21 @@ class _Region:
         return f"<Split-C region {self.index} {self.name!r}, {len(self.array)} elements>"
 
 
+def _four_words(w0: object, w1: object, w2: object, w3: object) -> bool:
+    """Four plain 32-bit ints (as :func:`~stacklib.layers.splitc.wire.plain_word_tuple` checks a
+    tuple; compiled, a native call with no tuple built)."""
+    return (
+        type(w0) is int
+        and type(w1) is int
+        and type(w2) is int
+        and type(w3) is int
+        and 0 <= w0 <= _WORD_MAX
+        and 0 <= w1 <= _WORD_MAX
+        and 0 <= w2 <= _WORD_MAX
+        and 0 <= w3 <= _WORD_MAX
+    )
+
+
 def _given(w0: object, w1: object, w2: object, w3: object) -> tuple[int, ...]:
     """The words a handler was given (the tuple its ``*words`` was): the parameters up to the
     last one not None."""
@@ -898,23 +913,13 @@ class SplitC(Service):
         # The common case first: a well-formed READ of one whole element inside the region,
         # answered with the element as the reply's value words, no bytes in between.  It is the
         # general path's answer (tests/layers/splitc compare them); anything else takes that.
-        # (Four plain 32-bit ints, as wire.plain_word_tuple checks, written out: no call.)
-        if (
-            type(w0) is int
-            and type(w1) is int
-            and type(w2) is int
-            and type(w3) is int
-            and 0 <= w0 <= _WORD_MAX
-            and 0 <= w1 <= _WORD_MAX
-            and 0 <= w2 <= _WORD_MAX
-            and 0 <= w3 <= _WORD_MAX
-        ):
-            first = w0
+        if _four_words(w0, w1, w2, w3):
+            first: int = w0  # type: ignore[assignment]
             index = (first >> 16) & 0xFF
             if first >> 28 == _READ_CODE and index < len(self._by_index):
                 region = self._by_index[index]
                 size = (first >> 24) & 0xF
-                offset = w1
+                offset: int = w1  # type: ignore[assignment]
                 if size == region.itemsize and region.scalar and offset + size <= region.nbytes:
                     high, low = region.element_words(offset)
                     # (Not named like the general path's ``answer``: mypyc types a local once,
@@ -967,17 +972,8 @@ class SplitC(Service):
     ) -> None:
         # The common case first: a well-formed VALUE or ACK with status OK for an operation
         # outstanding (the general path's outcome; anything else takes that path).
-        if (
-            type(w0) is int
-            and type(w1) is int
-            and type(w2) is int
-            and type(w3) is int
-            and 0 <= w0 <= _WORD_MAX
-            and 0 <= w1 <= _WORD_MAX
-            and 0 <= w2 <= _WORD_MAX
-            and 0 <= w3 <= _WORD_MAX
-        ):
-            first = w0
+        if _four_words(w0, w1, w2, w3):
+            first: int = w0  # type: ignore[assignment]
             code = first >> 28
             size = (first >> 24) & 0xF
             if (
