@@ -16,6 +16,7 @@ from stacklib.errors import EndpointClosed
 from stacklib.transports.shm import ShmEndpoint, ShmNetwork
 from stacklib.transports.shm.endpoint import YIELD_EVERY
 from stacklib.unet import EndpointConfig, connect, polled
+from tests.transports.ticker import Ticker
 
 Pair = tuple[ShmEndpoint, ShmEndpoint, int, int]
 
@@ -109,29 +110,23 @@ async def test_a_waiting_receive_is_cancelled_promptly(face: str, pair: Pair) ->
 async def test_other_tasks_run_within_yield_every_calls(face: str, pair: Pair) -> None:
     ep_a, ep_b, ch_a, _ = pair
     send, receive = _send(face, ep_a, ch_a), _receive(face, ep_b)
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await trio.lowlevel.checkpoint()
+    ticker = Ticker()
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(ticker)
+        nursery.start_soon(ticker.run)
         await trio.lowlevel.checkpoint()
         seen: list[int] = []
         for index in range(3 * YIELD_EVERY):  # one message in the ring at a time: no waits
             await send(index.to_bytes(2, "little"))
-            seen.append(ticks)
+            seen.append(ticker.ticks)
             assert await receive() == index.to_bytes(2, "little")
-            seen.append(ticks)
+            seen.append(ticker.ticks)
         nursery.cancel_scope.cancel()
     # Every YIELD_EVERY calls of an endpoint let the ticker run (each endpoint counts its own
     # calls, so both yield once per YIELD_EVERY round trips), and no more often.
     for start in range(0, len(seen) - 2 * YIELD_EVERY):
         assert seen[start + 2 * YIELD_EVERY] > seen[start]
-    assert ticks - seen[0] <= 2 * 3 + 2
+    assert ticker.ticks - seen[0] <= 2 * 3 + 2
 
 
 @pytest.mark.parametrize("face", FACES)
@@ -239,22 +234,16 @@ async def test_yield_every_sets_how_often_other_tasks_run(face: str, pair: Pair)
     ep_a, ep_b, ch_a, _ = pair
     ep_a.yield_every = ep_b.yield_every = 5
     send, receive = _send(face, ep_a, ch_a), _receive(face, ep_b)
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await trio.lowlevel.checkpoint()
+    ticker = Ticker()
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(ticker)
+        nursery.start_soon(ticker.run)
         await trio.lowlevel.checkpoint()
-        start = ticks
+        start = ticker.ticks
         for index in range(50):  # 50 calls of each endpoint: 10 yields each
             await send(index.to_bytes(2, "little"))
             assert await receive() == index.to_bytes(2, "little")
-        ran = ticks - start
+        ran = ticker.ticks - start
         nursery.cancel_scope.cancel()
     assert 2 * 10 - 2 <= ran <= 2 * 10 + 2
 
@@ -274,26 +263,20 @@ async def test_a_reply_within_hot_spin_is_taken_without_yielding(
         assert isinstance(ep_a, ShmEndpoint) and isinstance(ep_b, ShmEndpoint)
         ch_a, _ = connect(ep_a, ep_b)
         receive = _receive(face, ep_b)
-        ticks = 0
-
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await trio.lowlevel.checkpoint()
+        ticker = Ticker()
 
         def reply_soon() -> None:  # the peer: another thread, as another process would be
             time.sleep(0.005)
             ep_a.send_payload(ch_a, b"reply")
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(ticker)
+            nursery.start_soon(ticker.run)
             await trio.lowlevel.checkpoint()
             peer = threading.Thread(target=reply_soon)
             peer.start()
-            before = ticks
+            before = ticker.ticks
             assert await receive() == b"reply"
-            ran = ticks - before
+            ran = ticker.ticks - before
             peer.join()
             nursery.cancel_scope.cancel()
     if hot_spin:

@@ -12,6 +12,7 @@ import trio
 from stacklib.errors import UNetError
 from stacklib.transports.shm import ShmEndpoint, ShmNetwork
 from stacklib.unet import DescriptorStatus, connect
+from tests.transports.ticker import Ticker
 
 
 def _payload(size: int, seed: int = 0) -> bytes:
@@ -165,24 +166,18 @@ async def test_recv_yields_now_and_then_and_is_always_a_cancellation_point(
     count = 2 * EVERY
     for index in range(count):
         ep_a.send_nowait(ch_a, bytes([index]))
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await trio.lowlevel.checkpoint()
+    ticker = Ticker()
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(ticker)
+        nursery.start_soon(ticker.run)
         await trio.lowlevel.checkpoint()
-        before = ticks
+        before = ticker.ticks
         for index in range(count):
             assert (await ep_b.recv()).data == bytes([index])
         # Other tasks ran, but not after every message (a scheduler pass per message would
         # cost as much as the round trip): twice, and the ticker may have one run pending
         # from before (trio runs a batch in either order).
-        assert 1 <= ticks - before <= 3
+        assert 1 <= ticker.ticks - before <= 3
         nursery.cancel_scope.cancel()
     ep_a.send_nowait(ch_a, b"kept")
     reached = False
