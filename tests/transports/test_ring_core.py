@@ -113,7 +113,8 @@ def record_scribbles(draw: st.DrawFn) -> tuple[str, int, int]:
     return (
         "record",
         word,
-        draw(st.one_of(st.just(length | kind << 32), st.integers(0, 2**64 - 1))),
+        # (A length short of the end may be negative: as the 32-bit word the peer writes.)
+        draw(st.one_of(st.just((length & 0xFFFFFFFF) | kind << 32), st.integers(0, 2**64 - 1))),
     )
 
 

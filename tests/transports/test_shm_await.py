@@ -249,7 +249,7 @@ async def test_yield_every_sets_how_often_other_tasks_run(face: str, pair: Pair)
 
 
 @pytest.mark.parametrize("face", FACES)
-@pytest.mark.parametrize("hot_spin", [0.5, 0.0])
+@pytest.mark.parametrize("hot_spin", [5.0, 0.0])  # 5 s: slack for a loaded machine
 async def test_a_reply_within_hot_spin_is_taken_without_yielding(
     face: str, hot_spin: float
 ) -> None:
