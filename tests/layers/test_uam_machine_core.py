@@ -13,9 +13,6 @@ each step, every observable of both machines must be equal.  The machine's scrip
 
 from __future__ import annotations
 
-import importlib.util
-import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +20,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stacklib.compiled import _compile_c, package_dir
 from stacklib.layers.uam.machine import (
     GetReceived,
     RequestReceived,
@@ -31,25 +27,13 @@ from stacklib.layers.uam.machine import (
     machine_class,
 )
 from stacklib.layers.uam.machine_core import MachineCore
+from tests.c_extension import load_c_extension
 
 
 def build_c_core(work: Path) -> Any:
     """The C core's class, compiled in ``work`` (pytest.skip where it cannot be built)."""
-    if shutil.which("cc") is None and shutil.which("gcc") is None:
-        pytest.skip("no C compiler: the C core of the UAM machine cannot be built here")
-    source = work / "_uamcore.c"
-    for part in (package_dir() / "layers" / "uam").glob("*.[ch]"):  # the source and its headers
-        shutil.copy(part, work / part.name)
-    try:
-        built = _compile_c(source)
-    except RuntimeError as error:
-        pytest.skip(f"the C core of the UAM machine does not build here: {error}")
-    spec = importlib.util.spec_from_file_location("_uamcore", built)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    sys.modules.pop("_uamcore", None)
-    return module.MachineCore
+    what = "the C core of the UAM machine"
+    return load_c_extension("layers/uam/_uamcore.c", work, what).MachineCore
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,6 @@ shared memory.
 
 from __future__ import annotations
 
-import importlib.util
-import shutil
-import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -21,9 +18,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stacklib.compiled import _compile_c, package_dir
+from stacklib.compiled import package_dir
 from stacklib.transports.shm import ring_core
 from stacklib.transports.shm.ring_core import BROKEN, WRITTEN, WRITTEN_WAKE, RingCore
+from tests.c_extension import load_c_extension
 
 CAPACITY = 256  # small: records wrap and pad often
 MAX_MESSAGE = 100
@@ -33,21 +31,8 @@ TAIL, HEAD, SLEEPING, WAITING = BASE, BASE + 8, BASE + 16, BASE + 24
 
 @pytest.fixture(scope="module")
 def c_core(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    if shutil.which("cc") is None and shutil.which("gcc") is None:
-        pytest.skip("no C compiler: the C ring core cannot be built here")
     work = tmp_path_factory.mktemp("ringcore")
-    source = work / "_ringcore.c"
-    shutil.copy(package_dir() / "transports" / "shm" / "_ringcore.c", source)
-    try:
-        built = _compile_c(source)
-    except RuntimeError as error:
-        pytest.skip(f"the C ring core does not build here: {error}")
-    spec = importlib.util.spec_from_file_location("_ringcore", built)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    sys.modules.pop("_ringcore", None)
-    return module.RingCore
+    return load_c_extension("transports/shm/_ringcore.c", work, "the C ring core").RingCore
 
 
 class _Side:
