@@ -199,7 +199,7 @@ def build(progress: Callable[[str], None] | None = None) -> Path:
         raise RuntimeError(f"mypyc failed (exit {result.returncode}):\n{tail}")
     for extension in C_EXTENSIONS:
         try:
-            _compile_c(work / "stacklib" / extension)
+            _compile_c(work / "stacklib" / extension, work / "stacklib")
         except RuntimeError:
             shutil.rmtree(work, ignore_errors=True)
             raise
@@ -216,15 +216,17 @@ def build(progress: Callable[[str], None] | None = None) -> Path:
     return final
 
 
-def _compile_c(source: Path) -> Path:
+def _compile_c(source: Path, package: Path) -> Path:
     """Compile one C extension module next to its source, with the compiler and flags this
-    Python was built with; ``RuntimeError`` with the compiler's complaint if it fails."""
+    Python was built with; ``RuntimeError`` with the compiler's complaint if it fails.
+    ``package``: the stacklib tree whose shared headers it includes (``"unet/native_queue.h"``)."""
     import sysconfig
 
     compiler = (sysconfig.get_config_var("CC") or "cc").split()
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     target = source.with_name(source.stem + suffix)
     flags = ["-shared", "-fPIC", "-O2", "-Wall", f"-I{sysconfig.get_paths()['include']}"]
+    flags.append(f"-I{package}")
     if sys.platform == "darwin":
         flags += ["-undefined", "dynamic_lookup"]
     command = [*compiler, *flags, str(source), "-o", str(target)]

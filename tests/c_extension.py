@@ -14,16 +14,16 @@ from stacklib.compiled import _compile_c, package_dir
 
 
 def load_c_extension(relative: str, work: Path, what: str) -> ModuleType:
-    """Compile the package's C source ``relative`` (with the headers beside it) in ``work``
-    with the compiler ``stacklib compile`` uses, and import it; ``pytest.skip`` naming
-    ``what`` where it cannot be built."""
+    """Compile the package's C source ``relative`` (with the headers beside it, and the
+    package's shared ones) in ``work`` with the compiler ``stacklib compile`` uses, and import
+    it; ``pytest.skip`` naming ``what`` where it cannot be built."""
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip(f"no C compiler: {what} cannot be built here")
     original = package_dir() / relative
     for part in original.parent.glob("*.[ch]"):  # the source and its headers
         shutil.copy(part, work / part.name)
     try:
-        built = _compile_c(work / original.name)
+        built = _compile_c(work / original.name, package_dir())
     except RuntimeError as error:
         pytest.skip(f"{what} does not build here: {error}")
     spec = importlib.util.spec_from_file_location(original.stem, built)

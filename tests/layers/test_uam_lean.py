@@ -1,7 +1,8 @@
-"""UAM's lean poll and sends over shm against the general forms (``LeanPath.fast = False``):
-the same scripted exchanges, with loss and duplication, give the same datagrams on the wire,
-the same handler calls and the same counters; arrivals another task took, and the rest after a
-raising handler, still run at the next poll."""
+"""UAM's lean poll and sends over shm against the general forms (``LeanPath.fast = False``),
+with and without the express lane (the machine reading and writing the rings itself,
+``LeanPath.express``): the same scripted exchanges, with loss and duplication, give the same
+datagrams on the wire, the same handler calls and the same counters; arrivals another task
+took, and the rest after a raising handler, still run at the next poll."""
 
 from __future__ import annotations
 
@@ -34,16 +35,36 @@ def shm_pair(network: ShmNetwork) -> list[tuple[Endpoint, int]]:
     return pair
 
 
+#: How a service's lean path runs: (fast, express).
+MODES = {"general": (False, False), "lean": (True, False), "express": (True, True)}
+
+
+def set_mode(am: UamService, mode: str) -> None:
+    path = am.path
+    assert isinstance(path, LeanPath)
+    path.fast, path.express = MODES[mode]
+
+
 class Wire:
     """Records every datagram an endpoint sends and drops or duplicates the ones the script
-    names (by their index among that endpoint's sends)."""
+    names (by their index among that endpoint's sends), whether it goes through the endpoint's
+    ``send_payload`` or straight into the queue the express lane writes."""
 
     def __init__(self, endpoint: Endpoint, log: list[tuple[str, bytes]], side: str) -> None:
         self.send = endpoint.send_payload
         self.log, self.side = log, side
         self.count = 0
         self.faults: dict[int, str] = {}
+        self.express_writes = 0
+        self.uncounted = (0, 0)  # sends the endpoint did not count: (messages, bytes)
         endpoint.send_payload = self.send_payload  # type: ignore[method-assign]
+        express_tx = endpoint.express_tx  # type: ignore[attr-defined]
+
+        def lend(channel: int) -> Any:
+            queue = express_tx(channel)
+            return None if queue is None else FaultyQueue(self, queue)
+
+        endpoint.express_tx = lend  # type: ignore[attr-defined]
 
     def send_payload(self, channel: int, data: Any) -> None:
         index, self.count = self.count, self.count + 1
@@ -62,6 +83,39 @@ class Wire:
         self.send(channel, data)
 
 
+class FaultyQueue:
+    """The queue the express lane writes, with the wire's faults: a drop or a duplicate here;
+    the faults that only the endpoint's send can show (a full send queue, a rejection, a gone
+    peer) refuse the datagram, which then goes to ``send_payload`` and meets them there."""
+
+    def __init__(self, wire: Wire, queue: Any) -> None:
+        self.wire, self.queue = wire, queue
+        self.max_message = queue.max_message
+
+    def take(self) -> Any:
+        raise AssertionError("the express lane only writes the send queue")
+
+    def try_write(self, data: bytes) -> int:
+        wire = self.wire
+        fault = wire.faults.get(wire.count)
+        if fault in ("refuse", "reject", "gone"):
+            return 0
+        wire.faults.pop(wire.count, None)
+        wire.count += 1
+        wire.express_writes += 1
+        wire.log.append((wire.side + ("-" + fault if fault else ""), bytes(data)))
+        # The endpoint counts what the express lane wrote, a drop here too and a duplicate
+        # once; the general path's drops and duplicates are before the endpoint's count.
+        if fault == "drop":
+            wire.uncounted = (wire.uncounted[0] - 1, wire.uncounted[1] - len(data))
+            return 1
+        if fault == "dup":
+            wire.uncounted = (wire.uncounted[0] + 1, wire.uncounted[1] + len(data))
+            self.queue.try_write(data)
+        written: int = self.queue.try_write(data)
+        return written
+
+
 async def settle(clock: trio.testing.MockClock, seconds: float = 0.0) -> None:
     """Let the background tasks run (timers due after ``seconds`` of the run's clock)."""
     clock.jump(seconds)
@@ -69,7 +123,7 @@ async def settle(clock: trio.testing.MockClock, seconds: float = 0.0) -> None:
         await trio.sleep(0)
 
 
-async def exchange(fast: bool, clock: trio.testing.MockClock) -> dict[str, Any]:
+async def exchange(mode: str, clock: trio.testing.MockClock) -> dict[str, Any]:
     """A scripted conversation between a (requests) and b (replies), with faults; returns
     everything observable."""
     logs: dict[str, list[tuple[str, bytes]]] = {"a": [], "b": []}  # each side in order
@@ -87,8 +141,7 @@ async def exchange(fast: bool, clock: trio.testing.MockClock) -> dict[str, Any]:
             UamLayer(slow).open(UNetService(ep_b)) as b,
         ):
             for am in (a, b):
-                assert isinstance(am.path, LeanPath)
-                am.path.fast = fast
+                set_mode(am, mode)
             b.register_handler(lambda peer, *args: b.reply(1, *args), 0)
             b.register_handler(lambda peer, *args: calls.append(("note", args)), 2)
             a.register_handler(lambda peer, *args: calls.append(("pong", args)), 1)
@@ -128,17 +181,38 @@ async def exchange(fast: bool, clock: trio.testing.MockClock) -> dict[str, Any]:
             step()
             stats = [attrs.asdict(am.peer_statistics(ch)) for am, ch in ((a, ch_a), (b, ch_b))]
             rejected = [am.statistics()["rejected"] for am in (a, b)]
-    return {"wire": logs, "calls": calls, "polls": polls, "stats": stats, "rejected": rejected}
+            counters = [
+                (
+                    ep.received,
+                    ep.received_bytes,
+                    ep.sent + wire.uncounted[0],
+                    ep.sent_bytes + wire.uncounted[1],
+                )
+                for ep, wire in ((ep_a, wire_a), (ep_b, wire_b))
+            ]
+    # The express lane wrote (most of) what it sent itself; the other modes never.
+    express_writes = wire_a.express_writes + wire_b.express_writes
+    assert express_writes > 20 if mode == "express" else express_writes == 0
+    return {
+        "wire": logs,
+        "calls": calls,
+        "polls": polls,
+        "stats": stats,
+        "rejected": rejected,
+        "counters": counters,
+    }
 
 
-def run_exchange(fast: bool) -> dict[str, Any]:
+def run_exchange(mode: str) -> dict[str, Any]:
     clock = trio.testing.MockClock()
-    result: dict[str, Any] = trio.run(exchange, fast, clock, clock=clock)
+    result: dict[str, Any] = trio.run(exchange, mode, clock, clock=clock)
     return result
 
 
-def test_the_lean_forms_match_the_general_ones_on_the_wire() -> None:
-    lean, general = run_exchange(True), run_exchange(False)
+@pytest.mark.skipif(stacklib.COMPILED is not None, reason="replaces methods of a compiled endpoint")
+@pytest.mark.parametrize("mode", ["lean", "express"])
+def test_the_lean_forms_match_the_general_ones_on_the_wire(mode: str) -> None:
+    lean, general = run_exchange(mode), run_exchange("general")
     assert lean == general
     stats_a, stats_b = lean["stats"]
     # The script did what it says (else the comparison would prove little).
@@ -174,7 +248,8 @@ def count_general_polls(am: UamService) -> list[int]:
     return counter
 
 
-async def test_a_plain_round_trip_takes_only_the_lean_forms() -> None:
+@pytest.mark.parametrize("express", [True, False])
+async def test_a_plain_round_trip_takes_only_the_lean_forms(express: bool) -> None:
     quiet = UamLayer(UamParams(background_poll=False))
     with ShmNetwork(spin_time=1000.0) as network:  # the receive tasks never take anything
         (ep_a, ch_a), (ep_b, _) = shm_pair(network)
@@ -183,6 +258,19 @@ async def test_a_plain_round_trip_takes_only_the_lean_forms() -> None:
             got: list[tuple[int, ...]] = []
             a.register_handler(lambda peer, *args: got.append(args), 1)
             general = count_general_polls(a), count_general_polls(b)
+            express_polls = [0]
+            for am in (a, b):
+                set_mode(am, "express" if express else "lean")
+                path = am.path
+                assert isinstance(path, LeanPath)
+                lane = path._poll_express
+
+                def counted(*args: Any, lane: Any = lane) -> int:
+                    express_polls[0] += 1
+                    result: int = lane(*args)
+                    return result
+
+                path._poll_express = counted  # type: ignore[method-assign]
             for i in range(20):
                 a.request_nowait(ch_a, 0, i)
                 assert a.poll() == 0  # nothing yet: one look at the endpoint
@@ -190,6 +278,8 @@ async def test_a_plain_round_trip_takes_only_the_lean_forms() -> None:
                 assert a.poll() == 1
             assert got == [(i,) for i in range(20)]
             assert [counter[0] for counter in general] == [0, 0]
+            # Every poll but b's first (which makes b's machine, the ordinary way).
+            assert express_polls[0] == (59 if express else 0)
 
 
 async def test_arrivals_the_receive_task_took_run_at_the_next_poll() -> None:
@@ -210,14 +300,13 @@ async def test_arrivals_the_receive_task_took_run_at_the_next_poll() -> None:
             assert seen == [7]
 
 
-@pytest.mark.parametrize("fast", [True, False])
-async def test_after_a_raising_handler_the_rest_runs_at_the_next_poll(fast: bool) -> None:
+@pytest.mark.parametrize("mode", MODES)
+async def test_after_a_raising_handler_the_rest_runs_at_the_next_poll(mode: str) -> None:
     quiet = UamLayer(UamParams(background_poll=False))
     with ShmNetwork(spin_time=1000.0) as network:
         (ep_a, ch_a), (ep_b, _) = shm_pair(network)
         async with quiet.open(UNetService(ep_a)) as a, quiet.open(UNetService(ep_b)) as b:
-            assert isinstance(b.path, LeanPath)
-            b.path.fast = fast
+            set_mode(b, mode)
             seen: list[int] = []
 
             def note(peer: int, i: int) -> None:
@@ -266,8 +355,8 @@ async def test_the_service_reads_trio_s_default_clock_without_calling_it() -> No
 @pytest.mark.skipif(
     stacklib.COMPILED is not None, reason="replaces a method of a compiled endpoint"
 )
-@pytest.mark.parametrize("fast", [True, False])
-async def test_a_gone_peer_is_raised_where_a_rejection_is_a_loss(fast: bool) -> None:
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_gone_peer_is_raised_where_a_rejection_is_a_loss(mode: str) -> None:
     # send_payload raises UNetError where send_nowait returned a descriptor marked ERROR: UAM
     # counts that datagram and resends it (above); its subclasses (a closed endpoint, a gone
     # peer) reach the caller, as send_nowait raised them.
@@ -276,8 +365,7 @@ async def test_a_gone_peer_is_raised_where_a_rejection_is_a_loss(fast: bool) -> 
         (ep_a, ch_a), (ep_b, _) = shm_pair(network)
         wire = Wire(ep_a, [], "a")
         async with quiet.open(UNetService(ep_a)) as a, quiet.open(UNetService(ep_b)) as b:
-            assert isinstance(a.path, LeanPath)
-            a.path.fast = fast
+            set_mode(a, mode)
             b.register_handler(lambda peer, *args: None, 0)
             wire.faults[0] = "reject"
             a.request_nowait(ch_a, 0, 1)

@@ -568,13 +568,7 @@ static PyObject *Core_acknowledge_now(Core *self, PyObject *unused) {
 
 /* ------------------------------------------------------------------ outputs */
 
-static PyObject *Core_datagrams_to_send(Core *self, PyObject *const *args, Py_ssize_t nargs,
-                                        PyObject *kwnames) {
-    BIND("datagrams_to_send", "now");
-    double now = PyFloat_AsDouble(arg[0]);
-    if (now == -1.0 && PyErr_Occurred()) {
-        return NULL;
-    }
+static PyObject *datagrams_to_send(Core *self, double now) {
     PyObject *out = PyList_New(0);
     if (out == NULL || self->failed) {
         return out;
@@ -660,6 +654,16 @@ static PyObject *Core_datagrams_to_send(Core *self, PyObject *const *args, Py_ss
     return out;
 }
 
+static PyObject *Core_datagrams_to_send(Core *self, PyObject *const *args, Py_ssize_t nargs,
+                                        PyObject *kwnames) {
+    BIND("datagrams_to_send", "now");
+    double now = PyFloat_AsDouble(arg[0]);
+    if (now == -1.0 && PyErr_Occurred()) {
+        return NULL;
+    }
+    return datagrams_to_send(self, now);
+}
+
 static PyObject *Core_take(Core *self, PyObject *unused) {
     self->has_open_token = 0;
     if (PyList_GET_SIZE(self->events)) {
@@ -711,6 +715,7 @@ static PyObject *Core_get_timer(Core *self, PyObject *unused) {
 }
 
 #include "uamcore_state.h"
+#include "uamcore_express.h"
 
 static PyMethodDef Core_methods[] = {
     {"request", (PyCFunction)(void (*)(void))Core_request, METH_FASTCALL | METH_KEYWORDS,
@@ -736,6 +741,10 @@ static PyMethodDef Core_methods[] = {
     {"take", (PyCFunction)Core_take, METH_NOARGS, "take(): the next arrival or event, or None."},
     {"get_timer", (PyCFunction)Core_get_timer, METH_NOARGS,
      "get_timer(): when to call handle_timer next, or None."},
+    {"express_poll", (PyCFunction)(void (*)(void))Core_express_poll, METH_FASTCALL,
+     "express_poll(rx, clock, handlers, service, peer): the lean poll on a native queue."},
+    {"express_send", (PyCFunction)(void (*)(void))Core_express_send, METH_FASTCALL,
+     "express_send(tx, now): datagrams_to_send(now) written to a native queue."},
     {NULL},
 };
 
@@ -775,7 +784,17 @@ PyMODINIT_FUNC PyInit__uamcore(void) {
     INTERN(s_receive_other, "_receive_other");
     INTERN(s_event, "_event");
     INTERN(s_fail, "_fail");
+    INTERN(s_native_queue, "native_queue");
+    INTERN(s_dispatch, "_dispatch");
+    INTERN(s_poll_now, "_poll_now");
+    INTERN(s_current_machine, "_current_machine");
+    INTERN(s_current_token, "_current_token");
+    INTERN(s_current_peer, "_current_peer");
+    INTERN(s_unknown_handler, "unknown_handler");
 #undef INTERN
+    if ((one_int = PyLong_FromLong(1)) == NULL) {
+        return NULL;
+    }
     if ((empty_bytes = PyBytes_FromStringAndSize(NULL, 0)) == NULL) {
         return NULL;
     }

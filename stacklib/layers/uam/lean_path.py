@@ -26,6 +26,7 @@ from stacklib.compiled import mypyc_attr
 from stacklib.errors import UNetError
 from stacklib.layers.uam.paths import ExecutionPath, Task
 from stacklib.unet import Endpoint
+from stacklib.unet.express import ExpressEndpoint, NativeQueue
 from stacklib.unet.polled import PolledNI, relax
 
 if TYPE_CHECKING:
@@ -63,6 +64,14 @@ class LeanPath(ExecutionPath):
         # Set when the machines may hold arrivals or events no poll has run yet (taken by the
         # receive task or the pump, or left by a raising handler): the next poll is the full one.
         self._unpolled = False
+        #: Whether polls and transmissions of the one machine use the endpoint's queues
+        #: directly where it lends them (False: its ordinary calls; the tests compare both).
+        self.express = True
+        # The express lane (stacklib.unet.express), where the endpoint offers it.
+        self._express: ExpressEndpoint | None = (
+            endpoint if isinstance(endpoint, ExpressEndpoint) else None
+        )
+        self._clock = service._now
 
     @property
     def spin(self) -> float | None:
@@ -96,6 +105,14 @@ class LeanPath(ExecutionPath):
         self._polls += 1
         if self._deferred is not None or self._unpolled or self._unsent or not self.fast:
             return self._poll_all()
+        express = self._express
+        if express is not None and self.express:
+            items = self.service._machine_items
+            if len(items) == 1:
+                peer, machine = items[0]
+                rx = express.express_rx(peer)
+                if rx is not None:
+                    return self._poll_express(express, rx, peer, machine)
         arrival = self._endpoint.poll_payload()
         if arrival is None:
             return 0
@@ -145,6 +162,41 @@ class LeanPath(ExecutionPath):
                 self._flush(now=now)
             if service._waiting:
                 service._wake()
+        return count
+
+    def _poll_express(
+        self, express: ExpressEndpoint, rx: NativeQueue, peer: int, machine: UamMachine
+    ) -> int:
+        """:meth:`_poll_arrivals` for the one machine, its peer's queue read by the machine
+        itself (``express_poll``): no tuple, ``bytes`` or Python call per datagram in the C
+        core; the same datagrams taken, handlers run and transmission after."""
+        service = self.service
+        self._deferred = False
+        service._in_poll = True
+        done = False
+        count = 0
+        try:
+            count = machine.express_poll(rx, self._clock, service._handlers, service, peer)
+            done = True
+        finally:
+            service._current_machine = None
+            service._in_poll = False
+            self._deferred = None
+            taken = machine.express_taken
+            if taken or machine.express_broken:
+                express.express_received(
+                    peer, taken, machine.express_bytes, machine.express_broken
+                )
+            if taken:
+                if not done:
+                    self._unpolled = True  # a handler raised: the rest waits for the next poll
+                now = service._poll_now
+                if len(service._machines) == 1 and not self._unsent:
+                    self._transmit(peer, machine, True, now)
+                else:
+                    self._flush(now=now)
+                if service._waiting:
+                    service._wake()
         return count
 
     def _poll_all(self) -> int:
@@ -325,8 +377,22 @@ class LeanPath(ExecutionPath):
         service = self.service
         if now is None:
             now = service._now()
-        datagrams = machine.datagrams_to_send(now)
+        express = self._express
+        tx = express.express_tx(peer) if express is not None and self.express else None
+        moved = 0
+        if tx is not None:
+            # The machine writes straight into the queue; what it refused goes on below.
+            left = machine.express_send(tx, now)
+            moved = machine.express_sent
+            if moved:
+                express.express_sent(  # type: ignore[union-attr]
+                    peer, moved, machine.express_sent_bytes, machine.express_wakes
+                )
+            datagrams: list[bytes] = [] if left is None else left
+        else:
+            datagrams = machine.datagrams_to_send(now)
         done = True
+        index = 0
         if datagrams:
             endpoint = self._endpoint
             for index, datagram in enumerate(datagrams):
@@ -344,7 +410,7 @@ class LeanPath(ExecutionPath):
             if not done or (timer is not None and timer < self._pump_deadline):
                 self._kicked = True
                 self._kick_event.set()
-        if datagrams and service._waiting and (done or index):
+        if (moved or datagrams) and service._waiting and (moved or done or index):
             service._wake()  # the backlog moved: senders waiting for it may go on
         return done
 

@@ -25,8 +25,8 @@ and :meth:`~MachineCore._fail`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Final, TypeAlias
+from collections.abc import Callable, Sequence
+from typing import Any, Final, Protocol, TypeAlias
 
 from stacklib.errors import LocalProtocolError
 from stacklib.layers.uam.wire import (
@@ -38,6 +38,7 @@ from stacklib.layers.uam.wire import (
     Bulk,
     PduType,
 )
+from stacklib.unet.express import QUEUE_WAKE, NativeQueue
 
 __all__ = ["C_CORE", "Arrival", "MachineCore", "check_args", "check_handler"]
 
@@ -59,6 +60,16 @@ _UNPACK: Final = tuple(codec.unpack for codec in SMALL_CODECS)
 Arrival: TypeAlias = tuple[int, int, tuple[int, ...], int, Bulk | None, bytes]
 """A PDU accepted in order and waiting for its handler: (type, handler, args, seq, bulk, data).
 :meth:`MachineCore.take` hands requests and replies out in this form."""
+
+
+class ExpressService(Protocol):
+    """What :meth:`MachineCore.express_poll` needs of the service whose handlers it runs (the
+    C form sets its current request and calls ``_dispatch`` itself, as ``_run_handlers``
+    does)."""
+
+    _poll_now: float
+
+    def _run_handlers(self, peer: int, machine: Any) -> int: ...
 
 
 class _Out:
@@ -186,6 +197,10 @@ class MachineCore:
         self._acks_sent = self._acks_received = self._received = self._handled = 0
         self._duplicates = self._out_of_order = self._no_buffer = 0
         self._malformed = self._stale_acks = self._ignored = 0
+        # What the last express_poll / express_send took and wrote.
+        self.express_taken = self.express_bytes = 0
+        self.express_sent = self.express_sent_bytes = self.express_wakes = 0
+        self.express_broken = False
 
     # ------------------------------------------------------------------ left to the machine
 
@@ -485,6 +500,66 @@ class MachineCore:
             event = self._event(arrival)
             if event is not None:
                 return event
+        return None
+
+    # ------------------------------------------------------------------ the express lane
+
+    def express_poll(
+        self,
+        rx: NativeQueue,
+        clock: Callable[[], float],
+        handlers: Sequence[object],
+        service: ExpressService,
+        peer: int,
+    ) -> int:
+        """The lean poll of one machine straight from its peer's queue (stacklib.unet.express):
+        take each message from ``rx``, feed it, and have ``service`` run the handlers of what
+        it made ready (``_run_handlers``), until the queue is empty or broken.  The clock is
+        read at the first message and left in ``service._poll_now`` (the handlers' replies
+        use it).  Returns how many arrivals were handled; :attr:`express_taken`,
+        :attr:`express_bytes` and :attr:`express_broken` say what it took (also after a
+        handler raised).  ``handlers`` is the service's table (the C form reads it itself)."""
+        self.express_taken = self.express_bytes = 0
+        self.express_broken = False
+        now = 0.0
+        first = True
+        count = 0
+        while True:
+            data = rx.take()
+            if data is None:
+                break
+            if data.__class__ is not bytes:
+                self.express_broken = True
+                break
+            if first:
+                now = clock()
+                service._poll_now = now
+                first = False
+            self.express_taken += 1
+            self.express_bytes += len(data)
+            self.receive(data, now)
+            count += service._run_handlers(peer, self)
+        return count
+
+    def express_send(self, tx: NativeQueue, now: float) -> list[bytes] | None:
+        """:meth:`datagrams_to_send` written to ``tx`` in order: None when all went, else the
+        datagrams from the first ``tx`` refused (full, longer than its ``max_message``, broken)
+        on, for the endpoint's general send.  :attr:`express_sent`,
+        :attr:`express_sent_bytes` and :attr:`express_wakes` count what went."""
+        self.express_sent = self.express_sent_bytes = self.express_wakes = 0
+        datagrams = self.datagrams_to_send(now)
+        for index, datagram in enumerate(datagrams):
+            length = len(datagram)
+            written = (
+                tx.try_write(datagram)
+                if length <= tx.max_message and datagram.__class__ is bytes
+                else 0
+            )
+            if written <= 0:
+                return datagrams[index:]
+            self.express_sent += 1
+            self.express_sent_bytes += length
+            self.express_wakes += written == QUEUE_WAKE
         return None
 
     def get_timer(self) -> float | None:

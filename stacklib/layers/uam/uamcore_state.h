@@ -116,6 +116,12 @@ static PyGetSetDef Core_getset[] = {
 #define READ_ONLY(name, type, field) {name, type, offsetof(Core, field), READONLY, NULL}
 
 static PyMemberDef Core_members[] = {
+    READ_ONLY("express_taken", T_LONG, express_taken),
+    READ_ONLY("express_bytes", T_LONG, express_bytes),
+    READ_ONLY("express_broken", T_BOOL, express_broken),
+    READ_ONLY("express_sent", T_LONG, express_sent),
+    READ_ONLY("express_sent_bytes", T_LONG, express_sent_bytes),
+    READ_ONLY("express_wakes", T_LONG, express_wakes),
     MEMBER("window", T_LONG, window),
     MEMBER("rto", T_DOUBLE, rto),
     MEMBER("max_retries", T_LONG, max_retries),

@@ -106,6 +106,9 @@ typedef struct {
     /* Counters. */
     long sent, retransmitted, timeouts, acks_sent, acks_received, received, handled;
     long duplicates, out_of_order, no_buffer, malformed, stale_acks, ignored;
+    /* What the last express_poll / express_send took and wrote (uamcore_express.h). */
+    long express_taken, express_bytes, express_sent, express_sent_bytes, express_wakes;
+    char express_broken;
 } Core;
 
 /* Bind a METH_FASTCALL | METH_KEYWORDS call's arguments to the parameters ``names`` (all
@@ -159,7 +162,7 @@ static int bind(const char *method, PyObject *const *args, Py_ssize_t nargs, PyO
         return NULL;
 
 static PyObject *s_check_room, *s_check_args, *s_check_handler, *s_take_token;
-static PyObject *s_receive_other, *s_event, *s_fail, *empty_bytes;
+static PyObject *s_receive_other, *s_event, *s_fail, *empty_bytes, *one_int;
 
 /* The value of an exact int in [0, max], or -1 (no error set) if it is anything else. */
 static inline long small_value(PyObject *obj, unsigned long max) {

@@ -16,6 +16,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "unet/native_queue.h"
+
 #define ALIGN 16
 #define KIND_MESSAGE 1
 #define KIND_PAD 2
@@ -40,6 +42,8 @@ typedef struct {
     int64_t tail;
     int64_t head;
     int64_t cached_head;
+    int64_t peek_head;  /* where the record ring_peek lent out starts (after any pad) */
+    int64_t peek_size;  /* that record's size (0: none lent out) */
     PyObject *wake; /* called when take() made room for a waiting producer, or None */
     PyObject *failure; /* why the last BROKEN result broke the ring (a str), or None */
 } RingCore;
@@ -54,12 +58,14 @@ static inline void store_publish(uint64_t *word, uint64_t value) {
     __atomic_store_n(word, value, __ATOMIC_SEQ_CST);
 }
 
+/* Note why the ring broke (`why` a new str, or NULL if making it failed): NQ_BROKEN, or
+ * NQ_ERROR with the exception of the failed formatting. */
 static int fail(RingCore *self, PyObject *why) {
     if (why == NULL) {
-        return -1;
+        return NQ_ERROR;
     }
     Py_XSETREF(self->failure, why);
-    return 0;
+    return NQ_BROKEN;
 }
 
 static int RingCore_init(RingCore *self, PyObject *args, PyObject *kwargs) {
@@ -146,26 +152,13 @@ static int check_open(RingCore *self) {
     return 0;
 }
 
-/* try_write(payload) -> 1 (WRITTEN), 2 (WRITTEN_WAKE: the consumer sleeps), 0 (full), or -1
- * (BROKEN: the consumer published an impossible head; `failure` says which). */
-static PyObject *RingCore_try_write(RingCore *self, PyObject *payload) {
-    const char *source;
-    Py_ssize_t n;
-    Py_buffer view;
-    int have_view = 0;
+/* Append one record of n bytes from source (the native queue's write): NQ_DONE, NQ_WAKE (the
+ * consumer sleeps), NQ_NONE (full), NQ_TOO_LONG (over max_message: only for callers in C, as
+ * try_write's callers check lengths themselves), NQ_BROKEN (the consumer published an
+ * impossible head; `failure` says which) or NQ_ERROR. */
+static int ring_write_checked(RingCore *self, const char *source, Py_ssize_t n) {
     if (check_open(self) < 0) {
-        return NULL;
-    }
-    if (PyBytes_CheckExact(payload)) {
-        source = PyBytes_AS_STRING(payload);
-        n = PyBytes_GET_SIZE(payload);
-    } else {
-        if (PyObject_GetBuffer(payload, &view, PyBUF_C_CONTIGUOUS) < 0) {
-            return NULL;
-        }
-        have_view = 1;
-        source = (const char *)view.buf;
-        n = view.len;
+        return NQ_ERROR;
     }
     int64_t size = (n + 8 + ALIGN - 1) & ~(int64_t)(ALIGN - 1);
     int64_t tail = self->tail;
@@ -173,23 +166,16 @@ static PyObject *RingCore_try_write(RingCore *self, PyObject *payload) {
     int64_t offset = tail % capacity;
     int64_t to_end = capacity - offset;
     int64_t need = size <= to_end ? size : to_end + size;
-    long result;
     if (tail + need - self->cached_head > capacity) {
         uint64_t head = load_acquire(&self->words[W_HEAD]);
         /* The consumer's head: aligned, never behind our last view of it nor past our tail. */
         if (head % ALIGN || head > (uint64_t)tail || (int64_t)head < self->cached_head) {
-            if (fail(self, PyUnicode_FromFormat("the consumer published head %llu (tail %lld)",
-                                                (unsigned long long)head, (long long)tail))
-                < 0) {
-                goto error;
-            }
-            result = BROKEN;
-            goto done;
+            return fail(self, PyUnicode_FromFormat("the consumer published head %llu (tail %lld)",
+                                                   (unsigned long long)head, (long long)tail));
         }
         self->cached_head = (int64_t)head;
         if (tail + need - (int64_t)head > capacity) {
-            result = 0;
-            goto done;
+            return NQ_NONE;
         }
     }
     if (size > to_end) {
@@ -202,42 +188,59 @@ static PyObject *RingCore_try_write(RingCore *self, PyObject *payload) {
     tail += size;
     self->tail = tail;
     store_publish(&self->words[W_TAIL], (uint64_t)tail);
-    result = __atomic_load_n(&self->words[W_SLEEPING], __ATOMIC_SEQ_CST) ? WRITTEN_WAKE : WRITTEN;
-done:
-    if (have_view) {
-        PyBuffer_Release(&view);
-    }
-    return PyLong_FromLong(result);
-error:
-    if (have_view) {
-        PyBuffer_Release(&view);
-    }
-    return NULL;
+    return __atomic_load_n(&self->words[W_SLEEPING], __ATOMIC_SEQ_CST) ? NQ_WAKE : NQ_DONE;
 }
 
-/* take() -> a copy of the next message (its record freed), None (empty), or -1 (BROKEN: the
- * producer published an impossible tail or record; `failure` says which). */
-static PyObject *RingCore_take(RingCore *self, PyObject *unused) {
-    if (check_open(self) < 0) {
+static int ring_write(PyObject *queue, const char *source, Py_ssize_t n) {
+    RingCore *self = (RingCore *)queue;
+    if (n > self->max_message) {
+        return NQ_TOO_LONG;
+    }
+    return ring_write_checked(self, source, n);
+}
+
+/* try_write(payload) -> 1 (WRITTEN), 2 (WRITTEN_WAKE: the consumer sleeps), 0 (full), or -1
+ * (BROKEN: the consumer published an impossible head; `failure` says which). */
+static PyObject *RingCore_try_write(RingCore *self, PyObject *payload) {
+    int result;
+    if (PyBytes_CheckExact(payload)) {
+        result = ring_write_checked(self, PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload));
+    } else {
+        Py_buffer view;
+        if (PyObject_GetBuffer(payload, &view, PyBUF_C_CONTIGUOUS) < 0) {
+            return NULL;
+        }
+        result = ring_write_checked(self, (const char *)view.buf, view.len);
+        PyBuffer_Release(&view);
+    }
+    if (result == NQ_ERROR) {
         return NULL;
+    }
+    return PyLong_FromLong(result == NQ_BROKEN ? BROKEN : result == NQ_WAKE ? WRITTEN_WAKE
+                                               : result == NQ_DONE ? WRITTEN : 0);
+}
+
+/* The next record, in place (the native queue's peek, see unet/native_queue.h): NQ_DONE with
+ * the message at *data, *length (its record kept until ring_release), NQ_NONE (empty), NQ_BROKEN
+ * (the producer published an impossible tail or record; `failure` says which) or NQ_ERROR. */
+static int ring_peek(PyObject *queue, const unsigned char **data, Py_ssize_t *length_out) {
+    RingCore *self = (RingCore *)queue;
+    if (check_open(self) < 0) {
+        return NQ_ERROR;
     }
     uint64_t *words = self->words;
     int64_t head = self->head;
     uint64_t published = load_acquire(&words[W_TAIL]);
     if ((uint64_t)head == published) {
-        Py_RETURN_NONE;
+        return NQ_NONE;
     }
     int64_t capacity = self->capacity;
     /* (A tail below the head shows as a huge unsigned difference.) */
     uint64_t avail_u = published - (uint64_t)head;
     if (avail_u > (uint64_t)capacity || avail_u % ALIGN) {
         /* Formatted as Python does: the tail as written, and so a negative difference. */
-        if (fail(self, PyUnicode_FromFormat("the producer published tail %llu (head %lld)",
-                                            (unsigned long long)published, (long long)head))
-            < 0) {
-            return NULL;
-        }
-        return PyLong_FromLong(BROKEN);
+        return fail(self, PyUnicode_FromFormat("the producer published tail %llu (head %lld)",
+                                               (unsigned long long)published, (long long)head));
     }
     int64_t avail = (int64_t)avail_u;
     uint64_t *records = (uint64_t *)self->data;
@@ -247,19 +250,15 @@ static PyObject *RingCore_take(RingCore *self, PyObject *unused) {
     uint64_t kind = header >> 32;
     if (kind == KIND_PAD) {
         if (length != (uint64_t)(capacity - offset) || length > (uint64_t)avail) {
-            if (fail(self, PyUnicode_FromFormat("a pad record of length %llu at offset %lld",
-                                                (unsigned long long)length, (long long)offset))
-                < 0) {
-                return NULL;
-            }
-            return PyLong_FromLong(BROKEN);
+            return fail(self, PyUnicode_FromFormat("a pad record of length %llu at offset %lld",
+                                                   (unsigned long long)length, (long long)offset));
         }
         head += (int64_t)length;
         avail -= (int64_t)length;
         if (!avail) {
             self->head = head;
             store_publish(&words[W_HEAD], (uint64_t)head);
-            Py_RETURN_NONE;
+            return NQ_NONE;
         }
         offset = 0;
         header = records[0];
@@ -269,20 +268,28 @@ static PyObject *RingCore_take(RingCore *self, PyObject *unused) {
     int64_t size = ((int64_t)length + 8 + ALIGN - 1) & ~(int64_t)(ALIGN - 1);
     if (kind != KIND_MESSAGE || length > (uint64_t)self->max_message
         || size > capacity - offset || size > avail) {
-        if (fail(self, PyUnicode_FromFormat("a record of kind %llu and length %llu at offset %lld",
-                                            (unsigned long long)kind, (unsigned long long)length,
-                                            (long long)offset))
-            < 0) {
-            return NULL;
-        }
-        return PyLong_FromLong(BROKEN);
+        return fail(self,
+                    PyUnicode_FromFormat("a record of kind %llu and length %llu at offset %lld",
+                                         (unsigned long long)kind, (unsigned long long)length,
+                                         (long long)offset));
     }
-    PyObject *message = PyBytes_FromStringAndSize((const char *)self->data + offset + 8,
-                                                  (Py_ssize_t)length);
-    if (message == NULL) {
-        return NULL;
+    *data = self->data + offset + 8;
+    *length_out = (Py_ssize_t)length;
+    self->peek_head = head;
+    self->peek_size = size;
+    return NQ_DONE;
+}
+
+/* Free the record ring_peek lent out: publish the head, then wake a producer that waits for
+ * room (0, or NQ_ERROR if the wake-up raised; the record is freed all the same). */
+static int ring_release(PyObject *queue) {
+    RingCore *self = (RingCore *)queue;
+    if (!self->held || !self->peek_size) {
+        return 0;
     }
-    head += size;
+    uint64_t *words = self->words;
+    int64_t head = self->peek_head + self->peek_size;
+    self->peek_size = 0;
     self->head = head;
     store_publish(&words[W_HEAD], (uint64_t)head);
     if (__atomic_load_n(&words[W_WAITING], __ATOMIC_SEQ_CST)) {
@@ -291,11 +298,36 @@ static PyObject *RingCore_take(RingCore *self, PyObject *unused) {
         if (self->wake != Py_None) {
             PyObject *result = PyObject_CallNoArgs(self->wake);
             if (result == NULL) {
-                Py_DECREF(message);
-                return NULL;
+                return NQ_ERROR;
             }
             Py_DECREF(result);
         }
+    }
+    return 0;
+}
+
+/* take() -> a copy of the next message (its record freed), None (empty), or -1 (BROKEN: the
+ * producer published an impossible tail or record; `failure` says which). */
+static PyObject *RingCore_take(RingCore *self, PyObject *unused) {
+    const unsigned char *data;
+    Py_ssize_t length;
+    int found = ring_peek((PyObject *)self, &data, &length);
+    if (found == NQ_ERROR) {
+        return NULL;
+    }
+    if (found == NQ_NONE) {
+        Py_RETURN_NONE;
+    }
+    if (found == NQ_BROKEN) {
+        return PyLong_FromLong(BROKEN);
+    }
+    PyObject *message = PyBytes_FromStringAndSize((const char *)data, length);
+    if (message == NULL) {
+        return NULL;
+    }
+    if (ring_release((PyObject *)self) < 0) {
+        Py_DECREF(message);
+        return NULL;
     }
     return message;
 }
@@ -345,9 +377,18 @@ static int RingCore_set_wake(RingCore *self, PyObject *v, void *c) {
     Py_XSETREF(self->wake, v);
     return 0;
 }
+static PyObject *RingCore_get_max_message(RingCore *self, void *c) {
+    return get_int64(self->max_message);
+}
 static PyObject *RingCore_get_failure(RingCore *self, void *c) {
     Py_INCREF(self->failure);
     return self->failure;
+}
+
+static NativeQueueAPI native_queue_api = {NULL, ring_peek, ring_release, ring_write};
+
+static PyObject *RingCore_get_native_queue(RingCore *self, void *c) {
+    return PyCapsule_New(&native_queue_api, NATIVE_QUEUE_CAPSULE, NULL);
 }
 
 static PyGetSetDef RingCore_getset[] = {
@@ -361,6 +402,10 @@ static PyGetSetDef RingCore_getset[] = {
      "called when take() made room for a producer that waits, or None", NULL},
     {"failure", (getter)RingCore_get_failure, NULL,
      "why the last BROKEN result broke the ring, or None", NULL},
+    {"max_message", (getter)RingCore_get_max_message, NULL,
+     "the largest message a record may hold", NULL},
+    {"native_queue", (getter)RingCore_get_native_queue, NULL,
+     "the ring's face to C: a capsule of unet/native_queue.h's table", NULL},
     {NULL}};
 
 static PyMethodDef RingCore_methods[] = {
@@ -395,6 +440,7 @@ PyMODINIT_FUNC PyInit__ringcore(void) {
     if (PyType_Ready(&RingCoreType) < 0) {
         return NULL;
     }
+    native_queue_api.type = &RingCoreType;
     PyObject *module = PyModule_Create(&ringcore_module);
     if (module == NULL) {
         return NULL;

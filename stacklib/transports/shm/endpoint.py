@@ -19,6 +19,7 @@ from stacklib.errors import PeerGone, SegmentError, UNetError
 from stacklib.transports.shm.link import ShmLink
 from stacklib.transports.shm.ring import WRITTEN_WAKE, Ring
 from stacklib.unet.endpoint import Endpoint, EndpointConfig, Message
+from stacklib.unet.express import NativeQueue
 from stacklib.unet.polled import cancel_point, cancelled
 from stacklib.unet.polled import relax as relax
 from stacklib.wire.descriptor import DescriptorStatus, Fragment, SendDescriptor
@@ -181,6 +182,70 @@ class ShmEndpoint(Endpoint):
         if self.shm_ni.tx_blocked:
             self.shm_ni.progress()
         return None
+
+    # ------------------------------------------------------------------ the express lane
+
+    def express_rx(self, channel: int) -> NativeQueue | None:
+        """:meth:`ExpressEndpoint.express_rx`: the ring of ``channel`` when it is this
+        endpoint's only receive ring and :meth:`poll_payload` would take from it now (no view
+        held, nothing queued, no upcalls, open, no send waiting for ring room)."""
+        if (
+            self._held is not None
+            or self.recv_queue
+            or self._upcalls
+            or self._upcall_error is not None
+            or self.closed
+            or self.shm_ni.tx_blocked
+        ):
+            return None
+        links = self._rx_links
+        if len(links) != 1:
+            return None
+        link, source = links[0]
+        return link.rx.native_queue() if source == channel else None
+
+    def express_tx(self, channel: int) -> NativeQueue | None:
+        """:meth:`ExpressEndpoint.express_tx`: the ring to ``channel`` when
+        :meth:`send_payload` would write to it now (nothing queued, open, channel sound)."""
+        if self.send_queue or self.closed:
+            return None
+        entry = self.channels.get(channel)
+        if entry is None:
+            return None
+        link: ShmLink = entry.tx_tag  # type: ignore[assignment]
+        if link.failed is not None:
+            return None
+        return link.tx.native_queue()
+
+    def express_received(self, channel: int, count: int, nbytes: int, broken: bool) -> None:
+        """:meth:`ExpressEndpoint.express_received`: the counters :meth:`poll_payload` keeps;
+        a broken ring fails the channel as there."""
+        self.received += count
+        self.received_bytes += nbytes
+        ni = self.shm_ni
+        ni.received += count
+        ni.received_bytes += nbytes
+        if broken:
+            for link, source in self._rx_links:
+                if source == channel:
+                    ring = link.rx
+                    ring.express_broke()
+                    ni.ring_broken(link, ring, self)
+                    break
+
+    def express_sent(self, channel: int, count: int, nbytes: int, wakes: int) -> None:
+        """:meth:`ExpressEndpoint.express_sent`: the counters and wake-ups of
+        :meth:`send_payload`."""
+        self.sent += count
+        self.sent_bytes += nbytes
+        ni = self.shm_ni
+        ni.sent += count
+        ni.sent_bytes += nbytes
+        if wakes:
+            link: ShmLink = self.channels[channel].tx_tag  # type: ignore[assignment]
+            for _ in range(wakes):
+                ni.wakeups_sent += 1
+                link.wake_peer()
 
     def poll_into(self, buffer: bytearray | memoryview) -> tuple[int, int] | None:
         """Copy the next message into ``buffer``: (channel, length), or None.

@@ -205,6 +205,19 @@ class Ring:
             self._words[self._base + _TAIL] = tail
         return count, nbytes
 
+    # ---------------------------------------------------------------- the express lane
+    def native_queue(self) -> Core | None:
+        """The core, lent to the express lane (:mod:`stacklib.unet.express`: its ``take`` and
+        ``try_write`` are this ring's, and in C its capsule serves ``native_queue.h``), while
+        no view is lent out by :meth:`hold` and the ring is sound; else None."""
+        return self._core if self.held is None and self.error is None else None
+
+    def express_broke(self) -> None:
+        """The express lane's take found the ring broken (the core's ``failure`` says how):
+        break it as :meth:`take` would have."""
+        if self.error is None:
+            self._break(self._core.failure or "the producer published an impossible record")
+
     @property
     def consumer_sleeping(self) -> bool:
         return bool(self._words[self._base + _SLEEPING])
