@@ -53,6 +53,7 @@ from stacklib.wire.descriptor import (
 )
 
 if TYPE_CHECKING:
+    from stacklib.unet.express import NativeQueue
     from stacklib.unet.ni import NetworkInterface
     from stacklib.unet.os_service import OSService, Principal
 
@@ -600,6 +601,32 @@ class Endpoint:
         """
         message = self.poll()
         return None if message is None else (message.channel, message.data)
+
+    # The express lane (stacklib.unet.express): an endpoint that lends its queues overrides
+    # these four; here it lends none.
+
+    def express_rx(self, channel: int) -> NativeQueue | None:
+        """The queue ``channel``'s messages arrive on, when taking from it directly is what
+        :meth:`poll_payload` would do now (it is the only source, nothing else waits to be
+        delivered), else None; this default lends none."""
+        return None
+
+    def express_tx(self, channel: int) -> NativeQueue | None:
+        """The queue to ``channel``, when writing to it directly is what :meth:`send_payload`
+        would do now (nothing queued before it, the channel sound), else None; this default
+        lends none."""
+        return None
+
+    def express_received(self, channel: int, count: int, nbytes: int, broken: bool) -> None:
+        """Count ``count`` messages (``nbytes`` in all) taken from the queue
+        :meth:`express_rx` lent; ``broken``: the queue broke, fail the channel as
+        :meth:`poll_payload` would."""
+        raise NotImplementedError(f"{type(self).__name__} lends no queues (express_rx)")
+
+    def express_sent(self, channel: int, count: int, nbytes: int, wakes: int) -> None:
+        """Count ``count`` messages (``nbytes`` in all) written to the queue :meth:`express_tx`
+        lent, and wake the peer if ``wakes`` writes found it asleep."""
+        raise NotImplementedError(f"{type(self).__name__} lends no queues (express_tx)")
 
     def recv_many(self, limit: int = 64) -> list[Message]:
         """Up to ``limit`` waiting messages in arrival order, without waiting.

@@ -4,10 +4,11 @@ itself, without the endpoint's per-message calls.
 U-Net gives each endpoint its own send and receive queues in memory the application maps
 (paper 000 §3.1, §3.2); a layer whose protocol core runs in C can then move messages between
 those queues and its own state without going back through Python per message.  An endpoint
-that offers this (the shm transport's, whose queues are the rings) implements
-:class:`ExpressEndpoint`; a layer asks for a channel's queues at each poll (None: use the
-endpoint's ordinary calls this time) and reports what it took and wrote, so the endpoint's
-counters and wake-ups stay exactly those of the ordinary path.
+that offers this (the shm transport's, whose queues are the rings) overrides
+:class:`~stacklib.unet.endpoint.Endpoint`'s ``express_rx``, ``express_tx``,
+``express_received`` and ``express_sent``: a layer asks for a channel's queue at each poll or
+send (None: use the endpoint's ordinary calls this time) and reports what it took and wrote, so
+the endpoint's counters and wake-ups stay exactly those of the ordinary path.
 
 A queue (:class:`NativeQueue`) offers the same operations twice: as the Python methods below,
 and to C as the table of ``native_queue.h`` in a capsule (its ``native_queue`` attribute).
@@ -15,9 +16,9 @@ and to C as the table of ``native_queue.h`` in a capsule (its ``native_queue`` a
 
 from __future__ import annotations
 
-from typing import Final, Protocol, runtime_checkable
+from typing import Final, Protocol
 
-__all__ = ["QUEUE_BROKEN", "QUEUE_WAKE", "QUEUE_WRITTEN", "ExpressEndpoint", "NativeQueue"]
+__all__ = ["QUEUE_BROKEN", "QUEUE_WAKE", "QUEUE_WRITTEN", "NativeQueue"]
 
 #: What :meth:`NativeQueue.take` and :meth:`NativeQueue.try_write` return when the peer broke
 #: the queue (the queue's ``failure`` says how).
@@ -43,30 +44,4 @@ class NativeQueue(Protocol):
     def try_write(self, payload: bytes) -> int:
         """Append one message: 1 written, 2 written and the consumer sleeps (the caller has the
         endpoint wake it), 0 full, or :data:`QUEUE_BROKEN`."""
-        ...
-
-
-@runtime_checkable
-class ExpressEndpoint(Protocol):
-    """An endpoint that lends a channel's queues to a layer (see the module docstring)."""
-
-    def express_rx(self, channel: int) -> NativeQueue | None:
-        """The queue ``channel``'s messages arrive on, when taking from it directly is what
-        the endpoint's own receive would do now (it is the endpoint's only source and nothing
-        else waits to be delivered); else None."""
-        ...
-
-    def express_tx(self, channel: int) -> NativeQueue | None:
-        """The queue to ``channel``, when writing to it directly is what the endpoint's own
-        send would do now (nothing queued before it, the channel sound); else None."""
-        ...
-
-    def express_received(self, channel: int, count: int, nbytes: int, broken: bool) -> None:
-        """Count ``count`` messages of ``nbytes`` in all taken from ``channel``'s queue; with
-        ``broken``, the queue broke (the endpoint fails the channel as its receive would)."""
-        ...
-
-    def express_sent(self, channel: int, count: int, nbytes: int, wakes: int) -> None:
-        """Count ``count`` messages of ``nbytes`` written to ``channel``'s queue, and wake the
-        peer if ``wakes`` of the writes found it asleep."""
         ...

@@ -26,7 +26,7 @@ from stacklib.compiled import mypyc_attr
 from stacklib.errors import UNetError
 from stacklib.layers.uam.paths import ExecutionPath, Task
 from stacklib.unet import Endpoint
-from stacklib.unet.express import ExpressEndpoint, NativeQueue
+from stacklib.unet.express import NativeQueue
 from stacklib.unet.polled import PolledNI, relax
 
 if TYPE_CHECKING:
@@ -67,10 +67,8 @@ class LeanPath(ExecutionPath):
         #: Whether polls and transmissions of the one machine use the endpoint's queues
         #: directly where it lends them (False: its ordinary calls; the tests compare both).
         self.express = True
-        # The express lane (stacklib.unet.express), where the endpoint offers it.
-        self._express: ExpressEndpoint | None = (
-            endpoint if isinstance(endpoint, ExpressEndpoint) else None
-        )
+        # The express lane (stacklib.unet.express), where the endpoint lends its queues.
+        self._lends = type(endpoint).express_rx is not Endpoint.express_rx
         self._clock = service._now
 
     @property
@@ -105,14 +103,13 @@ class LeanPath(ExecutionPath):
         self._polls += 1
         if self._deferred is not None or self._unpolled or self._unsent or not self.fast:
             return self._poll_all()
-        express = self._express
-        if express is not None and self.express:
+        if self._lends and self.express:
             items = self.service._machine_items
             if len(items) == 1:
                 peer, machine = items[0]
-                rx = express.express_rx(peer)
+                rx = self._endpoint.express_rx(peer)
                 if rx is not None:
-                    return self._poll_express(express, rx, peer, machine)
+                    return self._poll_express(rx, peer, machine)
         arrival = self._endpoint.poll_payload()
         if arrival is None:
             return 0
@@ -164,29 +161,31 @@ class LeanPath(ExecutionPath):
                 service._wake()
         return count
 
-    def _poll_express(
-        self, express: ExpressEndpoint, rx: NativeQueue, peer: int, machine: UamMachine
-    ) -> int:
+    def _poll_express(self, rx: NativeQueue, peer: int, machine: UamMachine) -> int:
         """:meth:`_poll_arrivals` for the one machine, its peer's queue read by the machine
         itself (``express_poll``): no tuple, ``bytes`` or Python call per datagram in the C
-        core; the same datagrams taken, handlers run and transmission after."""
+        core; the same datagrams taken, handlers run and transmission after.  An empty queue
+        costs the one call."""
         service = self.service
         self._deferred = False
         service._in_poll = True
         done = False
-        count = 0
+        taken = 0
         try:
-            count = machine.express_poll(rx, self._clock, service._handlers, service, peer)
+            taken = machine.express_poll(rx, self._clock, service._handlers, service, peer)
             done = True
         finally:
             service._current_machine = None
             service._in_poll = False
             self._deferred = None
-            taken = machine.express_taken
-            if taken or machine.express_broken:
-                express.express_received(
-                    peer, taken, machine.express_bytes, machine.express_broken
-                )
+            broken = False
+            if not done:
+                taken = machine.express_taken
+            elif taken < 0:  # the queue broke (after -1 - taken messages)
+                taken = -1 - taken
+                broken = True
+            if taken or broken:
+                self._endpoint.express_received(peer, taken, machine.express_bytes, broken)
             if taken:
                 if not done:
                     self._unpolled = True  # a handler raised: the rest waits for the next poll
@@ -197,7 +196,7 @@ class LeanPath(ExecutionPath):
                     self._flush(now=now)
                 if service._waiting:
                     service._wake()
-        return count
+        return machine.express_handled if taken else 0
 
     def _poll_all(self) -> int:
         """The general poll: take every datagram waiting (while each peer has room for its
@@ -377,15 +376,14 @@ class LeanPath(ExecutionPath):
         service = self.service
         if now is None:
             now = service._now()
-        express = self._express
-        tx = express.express_tx(peer) if express is not None and self.express else None
+        tx = self._endpoint.express_tx(peer) if self._lends and self.express else None
         moved = 0
         if tx is not None:
             # The machine writes straight into the queue; what it refused goes on below.
             left = machine.express_send(tx, now)
             moved = machine.express_sent
             if moved:
-                express.express_sent(  # type: ignore[union-attr]
+                self._endpoint.express_sent(
                     peer, moved, machine.express_sent_bytes, machine.express_wakes
                 )
             datagrams: list[bytes] = [] if left is None else left

@@ -198,7 +198,7 @@ class MachineCore:
         self._duplicates = self._out_of_order = self._no_buffer = 0
         self._malformed = self._stale_acks = self._ignored = 0
         # What the last express_poll / express_send took and wrote.
-        self.express_taken = self.express_bytes = 0
+        self.express_taken = self.express_bytes = self.express_handled = 0
         self.express_sent = self.express_sent_bytes = self.express_wakes = 0
         self.express_broken = False
 
@@ -516,14 +516,15 @@ class MachineCore:
         take each message from ``rx``, feed it, and have ``service`` run the handlers of what
         it made ready (``_run_handlers``), until the queue is empty or broken.  The clock is
         read at the first message and left in ``service._poll_now`` (the handlers' replies
-        use it).  Returns how many arrivals were handled; :attr:`express_taken`,
-        :attr:`express_bytes` and :attr:`express_broken` say what it took (also after a
-        handler raised).  ``handlers`` is the service's table (the C form reads it itself)."""
-        self.express_taken = self.express_bytes = 0
+        use it).  Returns how many messages it took, or -1 minus that number if it found the
+        queue broken; :attr:`express_handled` counts the arrivals handled, and
+        :attr:`express_taken`, :attr:`express_bytes` and :attr:`express_broken` what it took
+        (read them after a handler raised).  ``handlers`` is the service's table (the C form
+        reads it itself)."""
+        self.express_taken = self.express_bytes = self.express_handled = 0
         self.express_broken = False
         now = 0.0
         first = True
-        count = 0
         while True:
             data = rx.take()
             if data is None:
@@ -538,8 +539,9 @@ class MachineCore:
             self.express_taken += 1
             self.express_bytes += len(data)
             self.receive(data, now)
-            count += service._run_handlers(peer, self)
-        return count
+            self.express_handled += service._run_handlers(peer, self)
+        taken = self.express_taken
+        return -1 - taken if self.express_broken else taken
 
     def express_send(self, tx: NativeQueue, now: float) -> list[bytes] | None:
         """:meth:`datagrams_to_send` written to ``tx`` in order: None when all went, else the

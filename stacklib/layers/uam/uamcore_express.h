@@ -12,8 +12,10 @@
  *   UamService._run_handlers does (setting the service's current request around a request
  *   handler), everything else by service._dispatch; the clock is read once, at the first
  *   message, and left in service._poll_now for the handlers' replies.  Returns how many
- *   arrivals were handled; express_taken, express_bytes and express_broken say what it took
- *   from the queue, for the endpoint's counters (read them also after an exception).
+ *   messages it took, or -1 minus that number if it found the queue broken (one call tells
+ *   an empty poll); express_handled counts the arrivals handled, express_taken,
+ *   express_bytes and express_broken what it took, for the endpoint's counters (read them
+ *   also after an exception).
  *   express_send(tx, now) is datagrams_to_send(now) written to the queue tx in order: None
  *   when all went, else the list of those from the first the queue refused (full, too long,
  *   broken) on, for the endpoint's general send; express_sent, express_sent_bytes and
@@ -146,6 +148,7 @@ static PyObject *Core_express_poll(Core *self, PyObject *const *args, Py_ssize_t
     PyObject *peer = args[4];
     self->express_taken = 0;
     self->express_bytes = 0;
+    self->express_handled = 0;
     self->express_broken = 0;
     NativeQueueAPI *api = api_of(rx);
     if (api == NULL) {
@@ -153,7 +156,6 @@ static PyObject *Core_express_poll(Core *self, PyObject *const *args, Py_ssize_t
     }
     double now = 0.0;
     int have_now = 0;
-    long count = 0;
     for (;;) {
         const unsigned char *data;
         Py_ssize_t length;
@@ -217,7 +219,7 @@ static PyObject *Core_express_poll(Core *self, PyObject *const *args, Py_ssize_t
             if (item == NULL) {
                 return NULL;
             }
-            count += 1;
+            self->express_handled += 1;
             int failed = run_item(self, item, handlers, service, peer);
             Py_DECREF(item);
             if (failed) {
@@ -226,7 +228,8 @@ static PyObject *Core_express_poll(Core *self, PyObject *const *args, Py_ssize_t
         }
         Py_DECREF(item);
     }
-    return PyLong_FromLong(count);
+    long taken = self->express_taken;
+    return PyLong_FromLong(self->express_broken ? -1 - taken : taken);
 }
 
 static PyObject *datagrams_to_send(Core *self, double now);

@@ -118,6 +118,7 @@ static PyGetSetDef Core_getset[] = {
 static PyMemberDef Core_members[] = {
     READ_ONLY("express_taken", T_LONG, express_taken),
     READ_ONLY("express_bytes", T_LONG, express_bytes),
+    READ_ONLY("express_handled", T_LONG, express_handled),
     READ_ONLY("express_broken", T_BOOL, express_broken),
     READ_ONLY("express_sent", T_LONG, express_sent),
     READ_ONLY("express_sent_bytes", T_LONG, express_sent_bytes),

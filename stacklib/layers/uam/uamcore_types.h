@@ -107,7 +107,8 @@ typedef struct {
     long sent, retransmitted, timeouts, acks_sent, acks_received, received, handled;
     long duplicates, out_of_order, no_buffer, malformed, stale_acks, ignored;
     /* What the last express_poll / express_send took and wrote (uamcore_express.h). */
-    long express_taken, express_bytes, express_sent, express_sent_bytes, express_wakes;
+    long express_taken, express_bytes, express_handled;
+    long express_sent, express_sent_bytes, express_wakes;
     char express_broken;
 } Core;
 
