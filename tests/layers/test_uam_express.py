@@ -10,9 +10,11 @@ built over bytearrays: C machines on C ring cores, and Python machines on Python
 A fake service per side runs the handlers (the C lane runs them itself, the reference calls
 the service's ``_run_handlers``).  Requests, express sends (into rings small enough to fill,
 with a ``max_message`` bulk PDUs exceed), express polls, timers, hostile records and broken
-rings are applied to both, and every result, exception, handler call, counter, ring byte and
-machine observable must be equal after every step.  Scripted tests then pin the C lane's
-edges: a broken ring, a handler that raises, a queue that is not native, misuse.
+rings, a clock that raises and a peer gone silent are applied to both, and every result,
+exception, handler call, counter, ring byte and machine observable must be equal after every
+step.  Scripted tests then pin the lanes' edges (on both forms where the reference shares
+them): a broken ring, a handler or a clock that raises, a failed machine, datagrams the ring
+refuses, a queue that is not native, misuse.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from tests.c_extension import load_c_extension
 
 BASE = 64  # the ring's block of the header page (region.RING_WORD), as test_ring_core.py
 TAIL, HEAD, SLEEPING, WAITING = BASE, BASE + 8, BASE + 16, BASE + 24
-PARAMS = {"window": 4, "rto": 1.0, "max_retries": 3, "ack_delay": 0.1, "chunk_size": 64}
+RTO, MAX_RETRIES = 1.0, 3
+PARAMS = {"window": 4, "rto": RTO, "max_retries": MAX_RETRIES, "ack_delay": 0.1, "chunk_size": 64}
 REQUEST = 1
 
 
@@ -80,8 +83,8 @@ class Ring:
 class Service:
     """What the lanes touch of a UamService, recording what they do with it."""
 
-    def __init__(self, handlers: list[Callable[..., None] | None]) -> None:
-        self._handlers = handlers
+    def __init__(self) -> None:
+        self._handlers = handler_table(self)
         self._poll_now = -1.0
         self._current_machine: UamMachine | None = None
         self._current_token = 0
@@ -168,8 +171,8 @@ class World:
         self.services: dict[str, Service] = {}
         self.tables: dict[str, list[Callable[..., None] | None]] = {}
         for side in "ab":
-            service = Service([])
-            service._handlers = self.tables[side] = handler_table(service)
+            service = Service()
+            self.tables[side] = service._handlers
             self.machines[side] = machine_cls(**PARAMS)  # type: ignore[arg-type]
             self.services[side] = service
         self.sides = {id(m): side for side, m in self.machines.items()}
@@ -232,6 +235,11 @@ class World:
         if kind == "break":  # the peer publishes an impossible tail (its next write mends it)
             ring = self.rings[side]
             ring.words[TAIL] = ring.producer.tail + op[2]
+            return None
+        if kind == "silence":  # the peer is heard no more: timeouts until the machine fails
+            for _ in range(MAX_RETRIES + 1):
+                self.now += RTO
+                m.handle_timer(self.now)
             return None
         if kind == "stop_clock":
             self.clock_stops = True
@@ -301,9 +309,11 @@ operation = st.one_of(
     st.tuples(st.just("general"), sides),
     st.tuples(st.just("timer"), sides, st.sampled_from([0.0, 0.05, 0.1, 0.5, 1.0, 2.0])),
     st.tuples(st.just("hostile"), sides, st.one_of(st.binary(max_size=40), small_pdus)),
-    st.tuples(st.just("break"), sides, st.sampled_from([8, 4096, 2**63])),
     st.tuples(st.just("flag"), sides, st.sampled_from([SLEEPING, WAITING]), st.integers(0, 1)),
-    st.tuples(st.just("stop_clock"), sides),
+    st.one_of(  # what ends or breaks a conversation: rarer than the rest together
+        st.tuples(st.just("break"), sides, st.sampled_from([8, 4096, 2**63])),
+        st.tuples(st.sampled_from(["stop_clock", "silence"]), sides),
+    ),
 )
 
 
@@ -324,7 +334,7 @@ def run_both(
         assert under_test.observe() == reference.observe(), f"after step {step}: {op}"
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
     ops=st.lists(operation, min_size=20, max_size=60),
     capacity=st.sampled_from([128, 256, 4096]),
@@ -354,8 +364,7 @@ def one_side(
     """A machine of ``form``, its service, the ring it reads (rx) and the one it writes (tx)."""
     machine_cls, ring_cls = forms[form]
     machine = machine_cls(**PARAMS)  # type: ignore[arg-type]
-    service = Service([])
-    service._handlers = handler_table(service)
+    service = Service()
     service.names = {id(machine): "a"}
     return machine, service, Ring(ring_cls, 256, 64), Ring(ring_cls, 256, 64)
 
@@ -428,6 +437,24 @@ def test_a_clock_that_raises_costs_the_message_it_was_read_for(
     assert poll(machine, service, rx) == 0  # seq 1 is out of order now: counted, not handled
     assert machine.express_taken == 1 and machine.statistics().out_of_order == 1
     assert service.log == [] and rx.consumer.head == 64
+
+
+@pytest.mark.parametrize("form", ["c", "python"])
+def test_a_failed_machine_takes_what_arrives_and_ignores_it(
+    forms: dict[str, tuple[type[UamMachine], Any]], form: str
+) -> None:
+    machine, service, rx, tx = one_side(forms, form)
+    machine.request(1, (), 0.0)
+    assert machine.express_send(tx.producer, 0.0) is None
+    for retry in range(MAX_RETRIES + 1):
+        machine.handle_timer(RTO * (1 + retry))
+    assert machine.state.value == "failed"
+    assert rx.producer.try_write(request_pdu(0, 1, 5)) == 1
+    assert poll(machine, service, rx) == 1  # the PeerFailed event, dispatched
+    assert (machine.express_taken, machine.express_bytes) == (1, 12)
+    assert machine.statistics().ignored == 1 and machine.statistics().received == 0
+    assert [type(entry[2]).__name__ for entry in service.log] == ["PeerFailed"]
+    assert machine.express_send(tx.producer, 9.0) is None and machine.express_sent == 0
 
 
 @pytest.mark.parametrize("form", ["c", "python"])
