@@ -20,6 +20,10 @@
  *   when all went, else the list of those from the first the queue refused (full, too long,
  *   broken) on, for the endpoint's general send; express_sent, express_sent_bytes and
  *   express_wakes count what went (wakes: writes that found the consumer asleep).
+ * One difference remains, on an error path: when the queue's wake-up of a waiting producer
+ * raises in the release of a message, this form has already fed the message to the machine
+ * (and counted it), while the reference's take() raised before it had the message; both
+ * raise, and go-back-N makes either right.
  */
 #ifndef STACKLIB_UAMCORE_EXPRESS_H
 #define STACKLIB_UAMCORE_EXPRESS_H
@@ -172,14 +176,23 @@ static PyObject *Core_express_poll(Core *self, PyObject *const *args, Py_ssize_t
         }
         if (!have_now) {
             PyObject *reading = PyObject_CallNoArgs(clock);
-            if (reading == NULL) {
-                return NULL; /* (the message stays in the queue) */
-            }
-            now = PyFloat_AsDouble(reading);
-            int failed = (now == -1.0 && PyErr_Occurred()) ||
+            int failed = reading == NULL;
+            if (!failed) {
+                now = PyFloat_AsDouble(reading);
+                failed = (now == -1.0 && PyErr_Occurred()) ||
                          PyObject_SetAttr(service, s_poll_now, reading) < 0;
-            Py_DECREF(reading);
+                Py_DECREF(reading);
+            }
             if (failed) {
+                /* The message goes, uncounted, as in the reference (which took it before
+                 * reading the clock) and the general lean poll: the peer resends it.  (A
+                 * wake-up that raises in the release gives way to the clock's error.) */
+                PyObject *type, *value, *traceback;
+                PyErr_Fetch(&type, &value, &traceback);
+                if (api->release(rx) < 0) {
+                    PyErr_Clear();
+                }
+                PyErr_Restore(type, value, traceback);
                 return NULL;
             }
             have_now = 1;
