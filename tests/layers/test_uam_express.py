@@ -218,7 +218,8 @@ class World:
             return rest, m.express_sent, m.express_sent_bytes, m.express_wakes
         if kind == "poll":
             rx = self.rings[side].consumer
-            return m.express_poll(rx, self.clock, self.tables[side], service, peer)
+            taken = m.express_poll(rx, self.clock, self.tables[side], service, peer)
+            return taken, m.express_handled  # (its count only when no handler raised)
         if kind == "exchange":  # the other side sends, this side polls: a turn of a conversation
             return self._apply(("send", other)), self._apply(("poll", side))
         if kind == "general":  # what express_send left, sent the endpoint's general way
@@ -382,13 +383,13 @@ def test_a_broken_ring_stops_the_poll_after_what_came_before(
     assert rx.producer.try_write(request_pdu(1, 1, 12)) == 1
     rx.records[32:40] = (40 | 3 << 32).to_bytes(8, "little")  # the second record: kind 3
     assert rx.producer.try_write(request_pdu(2, 1, 13)) == 1
-    assert poll(machine, service, rx) == 1
-    assert machine.express_broken
+    assert poll(machine, service, rx) == -2  # broken, after one message
+    assert machine.express_broken and machine.express_handled == 1
     assert (machine.express_taken, machine.express_bytes) == (1, 12)
     assert service.log == [(1, 7, (11,), "a", 0, 7, 5.0)]  # nothing after the bad record
     assert rx.consumer.failure == "a record of kind 3 and length 40 at offset 32"
     assert rx.consumer.head == 32
-    assert poll(machine, service, rx) == 0  # broken it stays, taking nothing
+    assert poll(machine, service, rx) == -1  # broken it stays, taking nothing
     assert machine.express_broken and machine.express_taken == 0
 
 
@@ -434,8 +435,8 @@ def test_a_clock_that_raises_costs_the_message_it_was_read_for(
         machine.express_poll(rx.consumer, stopped, service._handlers, service, 7)
     assert (machine.express_taken, machine.express_bytes, rx.consumer.head) == (0, 0, 32)
     assert service._poll_now == -1.0 and machine.statistics().received == 0
-    assert poll(machine, service, rx) == 0  # seq 1 is out of order now: counted, not handled
-    assert machine.express_taken == 1 and machine.statistics().out_of_order == 1
+    assert poll(machine, service, rx) == 1  # seq 1 is out of order now: counted, not handled
+    assert machine.express_handled == 0 and machine.statistics().out_of_order == 1
     assert service.log == [] and rx.consumer.head == 64
 
 

@@ -13,7 +13,8 @@
  *   handler), everything else by service._dispatch; the clock is read once, at the first
  *   message, and left in service._poll_now for the handlers' replies.  Returns how many
  *   messages it took, or -1 minus that number if it found the queue broken (one call tells
- *   an empty poll); express_handled counts the arrivals handled, express_taken,
+ *   an empty poll); express_handled counts the arrivals handled (when no handler raised:
+ *   the reference's count stops short of the call that raised), express_taken,
  *   express_bytes and express_broken what it took, for the endpoint's counters (read them
  *   also after an exception).
  *   express_send(tx, now) is datagrams_to_send(now) written to the queue tx in order: None
