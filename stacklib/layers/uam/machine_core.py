@@ -519,8 +519,8 @@ class MachineCore:
         use it).  Returns how many messages it took, or -1 minus that number if it found the
         queue broken; :attr:`express_handled` counts the arrivals handled (when no handler
         raised), and :attr:`express_taken`, :attr:`express_bytes` and :attr:`express_broken`
-        what it took (read them also after a handler raised).  ``handlers`` is the service's table (the C form
-        reads it itself)."""
+        what it took (read them also after a handler raised).  ``handlers`` is the service's
+        table (the C form reads it itself)."""
         self.express_taken = self.express_bytes = self.express_handled = 0
         self.express_broken = False
         now = 0.0
