@@ -25,7 +25,7 @@ import trio
 import trio.lowlevel
 
 from stacklib.layers.splitc import GlobalPtr, SplitC
-from stacklib.layers.uam import UamLayer, UamParams, UamService
+from stacklib.layers.uam import LeanPath, UamLayer, UamParams, UamService
 from stacklib.services import UNetService
 from stacklib.transports.shm import ShmEndpoint, ShmNetwork, relax
 
@@ -40,11 +40,16 @@ _RETRIES = 1000  # as uam_pingpong: a descheduled peer on a shared machine is no
 
 
 def splitc_read(
-    iterations: int, mode: str = "poll", warmup: int = 200, spin: float = 1e-3
+    iterations: int,
+    mode: str = "poll",
+    warmup: int = 200,
+    spin: float = 1e-3,
+    express: bool = True,
 ) -> float:
     """Mean seconds of a blocking Split-C read of one remote 8-byte element over shm, rank 0
     in this process and rank 1 in a peer process that polls explicitly.  ``spin``: the shm
-    networks' ``spin_time``."""
+    networks' ``spin_time``; ``express``: whether UAM's lean path may take the express lane
+    (:attr:`LeanPath.express`, on both sides)."""
     if mode not in SPLITC_MODES:
         raise ValueError(f"no Split-C read benchmark in mode {mode!r} (known: {SPLITC_MODES})")
     import multiprocessing
@@ -56,18 +61,18 @@ def splitc_read(
         endpoint, channel = open_endpoint(network)
         context = multiprocessing.get_context("spawn")
         peer = context.Process(
-            target=_splitc_peer, args=(network.directory, theirs, spin), daemon=True
+            target=_splitc_peer, args=(network.directory, theirs, spin, express), daemon=True
         )
         peer.start()
         try:
             _wait_attached(endpoint, channel)
-            return trio.run(_splitc_client, endpoint, channel, mode, iterations, warmup)
+            return trio.run(_splitc_client, endpoint, channel, mode, iterations, warmup, express)
         finally:
             peer.kill()
             peer.join(5)
 
 
-def _splitc_peer(directory: str, cpu: int | None, spin: float) -> None:
+def _splitc_peer(directory: str, cpu: int | None, spin: float, express: bool) -> None:
     """Rank 1, in its own process: serve reads by polling."""
     from stacklib.bench.real import open_endpoint
 
@@ -76,7 +81,7 @@ def _splitc_peer(directory: str, cpu: int | None, spin: float) -> None:
     network = ShmNetwork(directory=directory, spin_time=spin)
     try:
         endpoint, channel = open_endpoint(network, name="peer", remote="main")
-        trio.run(_splitc_serve, endpoint, channel)
+        trio.run(_splitc_serve, endpoint, channel, express)
     finally:
         network.close()
 
@@ -85,8 +90,15 @@ def _params() -> UamParams:
     return UamParams(background_poll=False, max_retries=_RETRIES)
 
 
-async def _splitc_serve(endpoint: ShmEndpoint, channel: int) -> None:
+def _set_express(am: UamService, express: bool) -> None:
+    """Let the lean path take the express lane, or not (the comparison of the two)."""
+    if isinstance(am.path, LeanPath):
+        am.path.express = express
+
+
+async def _splitc_serve(endpoint: ShmEndpoint, channel: int, express: bool) -> None:
     async with UamLayer(_params()).open(UNetService(endpoint)) as am:
+        _set_express(am, express)
         sc = SplitC(am, 1, {0: channel})  # handlers registered before anything can arrive
         await sc.all_register("x", np.arange(_ELEMENTS, dtype=np.int64) * 3)
         poll = am.poll
@@ -100,10 +112,11 @@ async def _splitc_serve(endpoint: ShmEndpoint, channel: int) -> None:
 
 
 async def _splitc_client(
-    endpoint: ShmEndpoint, channel: int, mode: str, iterations: int, warmup: int
+    endpoint: ShmEndpoint, channel: int, mode: str, iterations: int, warmup: int, express: bool
 ) -> float:
     with trio.fail_after(60 + iterations * 1e-3):
         async with UamLayer(_params()).open(UNetService(endpoint)) as am:
+            _set_express(am, express)
             sc = SplitC(am, 0, {1: channel})
             # Rank 1 stores its part of each collective first (rank 0 is the root), so its
             # handlers are in place before rank 0 sends anything.
@@ -251,7 +264,9 @@ _UAM_MODES = ("poll", "trio")
 _RETRIES = 1000
 
 
-def _uam_peer(directory: str, cpu: int | None, kind: str, mode: str, spin: float) -> None:
+def _uam_peer(
+    directory: str, cpu: int | None, kind: str, mode: str, spin: float, express: bool
+) -> None:
     """Rank 1 of :func:`uam_pingpong`, in its own process: a UAM layer over a shm endpoint
     whose handler replies to each request (or a task echoing messages, ``kind="message"``)."""
     if cpu is not None:
@@ -261,14 +276,17 @@ def _uam_peer(directory: str, cpu: int | None, kind: str, mode: str, spin: float
     network = ShmNetwork(directory=directory, spin_time=spin)
     try:
         endpoint, channel = open_endpoint(network, name="peer", remote="main")
-        trio.run(_uam_serve, endpoint, channel, kind, mode)
+        trio.run(_uam_serve, endpoint, channel, kind, mode, express)
     finally:
         network.close()
 
 
-async def _uam_serve(endpoint: ShmEndpoint, channel: int, kind: str, mode: str) -> None:
+async def _uam_serve(
+    endpoint: ShmEndpoint, channel: int, kind: str, mode: str, express: bool
+) -> None:
     params = UamParams(background_poll=mode == "trio", max_retries=_RETRIES)
     async with UamLayer(params).open(UNetService(endpoint)) as am:
+        _set_express(am, express)
 
         def echo(peer: int, *args: int) -> None:
             am.reply(_UAM_REPLY, *args)
@@ -301,6 +319,7 @@ def uam_pingpong(
     size: int = 40,
     warmup: int = 200,
     spin: float = 1e-3,
+    express: bool = True,
 ) -> float:
     """Mean round trip (s) of UAM between this process and a peer process over shm.
 
@@ -313,6 +332,7 @@ def uam_pingpong(
     ``send``/``recv`` face, echoed by a task at the peer.  Both shm networks spin ``spin``
     seconds before sleeping (the transport's ``spin_time``): with the default 50 us, a round
     trip slowed by other load puts both sides to sleep and every message then pays a wake-up.
+    ``express``: whether the lean paths may take the express lane (:attr:`LeanPath.express`).
     """
     if kind not in _UAM_KINDS or mode not in _UAM_MODES or (kind, mode) == ("message", "poll"):
         raise ValueError(f"no UAM benchmark of kind {kind!r} in mode {mode!r}")
@@ -326,13 +346,15 @@ def uam_pingpong(
         context = multiprocessing.get_context("spawn")
         peer = context.Process(
             target=_uam_peer,
-            args=(network.directory, theirs, kind, mode, spin),
+            args=(network.directory, theirs, kind, mode, spin, express),
             daemon=True,
         )
         peer.start()
         try:
             _wait_attached(endpoint, channel)
-            return trio.run(_uam_client, endpoint, channel, kind, mode, size, iterations, warmup)
+            return trio.run(
+                _uam_client, endpoint, channel, kind, mode, size, iterations, warmup, express
+            )
         finally:
             peer.kill()
             peer.join(5)
@@ -362,11 +384,13 @@ async def _uam_client(
     size: int,
     iterations: int,
     warmup: int,
+    express: bool,
 ) -> float:
     params = UamParams(background_poll=False, max_retries=_RETRIES)
     replies = _Replies()
     with trio.fail_after(60 + iterations * 1e-3):
         async with UamLayer(params).open(UNetService(endpoint)) as am:
+            _set_express(am, express)
             am.register_handler(lambda peer, *args: None, _UAM_ECHO)
             am.register_handler(replies.reply, _UAM_REPLY)
             am.register_handler(replies.hello, _UAM_READY)
