@@ -37,6 +37,11 @@ SPLITC_MODES = ("poll", "trio")
 _ELEMENTS = 16
 _OFFSET = 5  # the element rank 0 reads
 _RETRIES = 1000  # as uam_pingpong: a descheduled peer on a shared machine is not a failure
+# How often the polling loops give trio a pass (the layer's timers run then; a pass costs some
+# 10 us here, so the peer's requests must not keep meeting one): the serving rank after 4096
+# empty polls (about 1 ms), the reading rank every 256 operations (a few ms).
+_SERVER_YIELD = 4095
+_CLIENT_YIELD = 255
 
 
 def splitc_read(
@@ -107,7 +112,7 @@ async def _splitc_serve(endpoint: ShmEndpoint, channel: int, express: bool) -> N
             if not poll():
                 spins += 1
                 relax(spins)
-                if spins & 255 == 0:
+                if spins & _SERVER_YIELD == 0:
                     await trio.lowlevel.checkpoint()
 
 
@@ -142,7 +147,7 @@ async def _polled(sc: SplitC, gp: GlobalPtr, count: int) -> None:
                 relax(spins)
         if pending.value != _OFFSET * 3:
             raise RuntimeError(f"Split-C benchmark: read {pending.value!r}")
-        if index & 63 == 0:
+        if index & _CLIENT_YIELD == 0:
             await trio.lowlevel.checkpoint()  # let the layer's timers run now and then
 
 
@@ -308,7 +313,7 @@ async def _uam_serve(
             if not poll():
                 spins += 1
                 relax(spins)
-                if spins & 255 == 0:
+                if spins & _SERVER_YIELD == 0:
                     await trio.lowlevel.checkpoint()
 
 
@@ -421,7 +426,7 @@ async def _uam_polled(
             if not poll():
                 spins += 1
                 relax(spins)
-        if index & 63 == 0:
+        if index & _CLIENT_YIELD == 0:
             await trio.lowlevel.checkpoint()  # let the layer's timers run now and then
 
 
