@@ -12,7 +12,10 @@ sum of both sides' CPU and nothing else.
   in-process shm endpoint pair (one :class:`~stacklib.transports.shm.ShmNetwork`, one trio
   run, ``background_poll=False``): ``request_nowait`` on A, ``poll`` on B (its handler
   replies), ``poll`` on A until the reply handler ran: the lean path, the transport's rings
-  included.
+  included;
+* :func:`trio_pass`: what one ``await trio.lowlevel.checkpoint()`` costs an application that
+  polls those two services (its explicit polls keep the layers' background tasks out of the
+  way; each checkpoint runs whatever of them is due).
 
 Times are this thread's CPU time (``time.thread_time``), not the wall clock: on a shared
 machine a process descheduled for another's time slice would otherwise be charged for it,
@@ -32,7 +35,7 @@ import trio.lowlevel
 from stacklib.bench.engines import engines, measure
 from stacklib.bench.result import Cell, Column, Result
 
-__all__ = ["MEASUREMENTS", "bench_cpu", "machine_pair", "service_pair"]
+__all__ = ["MEASUREMENTS", "bench_cpu", "machine_pair", "service_pair", "trio_pass"]
 
 _WORDS = (0x01020304, 0x05060708, 0x090A0B0C, 0x0D0E0F10)
 _ECHO, _REPLY = 0, 1
@@ -75,6 +78,16 @@ def machine_pair(iterations: int, warmup: int = 1000) -> float:
 def service_pair(iterations: int, warmup: int = 1000) -> float:
     """Mean seconds per request/reply round trip between two UAM services over an in-process
     shm endpoint pair, both polled explicitly in one trio run."""
+    return _over_services(iterations, warmup, passes=False)
+
+
+def trio_pass(iterations: int, warmup: int = 1000) -> float:
+    """Mean seconds of one ``trio.lowlevel.checkpoint()`` in the conversation of
+    :func:`service_pair`, taken after each round trip and 50 empty polls of A."""
+    return _over_services(iterations, warmup, passes=True)
+
+
+def _over_services(iterations: int, warmup: int, passes: bool) -> float:
     from stacklib.bench.real import open_endpoint
     from stacklib.transports.shm import ShmNetwork
 
@@ -83,11 +96,11 @@ def service_pair(iterations: int, warmup: int = 1000) -> float:
     with ShmNetwork(spin_time=1e-2) as network:
         left, left_channel = open_endpoint(network, name="a", remote="b")
         right, _ = open_endpoint(network, name="b", remote="a")
-        return trio.run(_services, left, right, left_channel, iterations, warmup)
+        return trio.run(_services, left, right, left_channel, iterations, warmup, passes)
 
 
 async def _services(
-    left: object, right: object, channel: int, iterations: int, warmup: int
+    left: object, right: object, channel: int, iterations: int, warmup: int, passes: bool
 ) -> float:
     from stacklib.layers.uam import UamLayer, UamParams
     from stacklib.services import UNetService
@@ -124,10 +137,30 @@ async def _services(
                     if index & 63 == 0:
                         await trio.lowlevel.checkpoint()  # the layers' tasks run now and then
 
-            await run(warmup)
-            start = time.thread_time()
-            await run(iterations)
-            elapsed = time.thread_time() - start
+            async def checkpoints(count: int) -> float:
+                spent = 0.0
+                clock = time.thread_time
+                for _ in range(count):
+                    target = replies[0] + 1
+                    request(channel, _ECHO, *_WORDS)
+                    poll_b()
+                    while replies[0] < target:
+                        poll_a()
+                    for _ in range(50):
+                        poll_a()
+                    start = clock()
+                    await trio.lowlevel.checkpoint()
+                    spent += clock() - start
+                return spent
+
+            if passes:
+                await checkpoints(warmup)
+                elapsed = await checkpoints(iterations)
+            else:
+                await run(warmup)
+                start = time.thread_time()
+                await run(iterations)
+                elapsed = time.thread_time() - start
             await a.drain()
     return elapsed / iterations
 
@@ -137,6 +170,7 @@ MEASUREMENTS["service"] = (
     "UAM service pair over in-process shm: request_nowait, poll B, poll A",
     service_pair,
 )
+MEASUREMENTS["pass"] = ("a trio checkpoint of an application polling that pair", trio_pass)
 
 
 def bench_cpu(

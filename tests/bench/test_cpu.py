@@ -17,6 +17,11 @@ def test_the_service_pair_times_round_trips_over_shm() -> None:
     assert 0 < seconds < 0.01
 
 
+def test_a_trio_pass_is_timed_between_round_trips() -> None:
+    seconds = cpu.trio_pass(20, warmup=5)
+    assert 0 < seconds < 0.01
+
+
 def test_bench_cpu_reports_each_row_on_the_pure_modules() -> None:
     result = cpu.bench_cpu(iterations=20, repeat=1, only=["machine"], pure=True)
     assert [row["measurement"] for row in result.rows] == [cpu.MEASUREMENTS["machine"][0]]
@@ -37,3 +42,4 @@ def test_the_cli_runs_bench_cpu(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "cpu", "--pure", "--iterations", "10", "--repeat", "1"]) == 0
     out = capsys.readouterr().out
     assert "UAM machine pair" in out and "UAM service pair" in out
+    assert "a trio checkpoint" in out
