@@ -437,11 +437,13 @@ def _add_bench(commands: argparse._SubParsersAction[Any]) -> None:
         help="UAM request/reply's CPU per round trip, both sides in one process",
         description="One process, one thread: two UAM protocol machines handing each other "
         "their datagrams, and two UAM services over an in-process shm endpoint pair polled "
-        "explicitly; per round trip, on the pure modules and the compiled copy "
-        "(docs/performance.md).",
+        "explicitly; per round trip, on the pure modules and the compiled copy; and what a "
+        "trio checkpoint costs the application polling them (docs/performance.md).",
     )
     b.add_argument("--iterations", type=int, default=50000, help="round trips per run")
-    b.add_argument("--only", nargs="+", choices=["machine", "service"], help="run only these rows")
+    b.add_argument(
+        "--only", nargs="+", choices=["machine", "service", "pass"], help="run only these rows"
+    )
     b.add_argument(
         "--pure",
         action="store_true",
