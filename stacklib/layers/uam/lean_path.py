@@ -265,8 +265,8 @@ class LeanPath(ExecutionPath):
                 continue
             # Spin with checkpoints for the NI's spin time, then sleep until a peer wakes
             # the node (a failed peer shows as retransmission timeouts, as in the paper).
-            # While the application polls, stay out of idle_wait (asleep there, this task
-            # would make every sender pay a wake-up system call), on a timer.
+            # While the application polls, keep spinning: asleep, this task would make every
+            # sender pay a wake-up system call.
             spin = self._spin
             deadline = time.perf_counter() + spin
             spins = 0
@@ -275,14 +275,6 @@ class LeanPath(ExecutionPath):
                 if self._polls != polls:  # the application polled since the last look
                     polls = self._polls
                     deadline = now + spin
-                    if spin > 0:
-                        # It takes what arrives itself: look again after the spin time.
-                        # Spinning here would add a pass of this task, some 10-20 us of
-                        # trio's scheduler, to each of the application's own checkpoints.
-                        await trio.sleep(spin)
-                        if service._closed or self._absorb():
-                            break
-                        continue
                 spins += 1
                 relax(spins)  # a peer sharing this CPU runs now, not after our time slice
                 await trio.lowlevel.checkpoint()
