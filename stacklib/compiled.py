@@ -34,6 +34,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import warnings
 from collections.abc import Callable, MutableSequence
 from pathlib import Path
@@ -220,8 +221,6 @@ def _compile_c(source: Path, package: Path) -> Path:
     """Compile one C extension module next to its source, with the compiler and flags this
     Python was built with; ``RuntimeError`` with the compiler's complaint if it fails.
     ``package``: the stacklib tree whose shared headers it includes (``"unet/native_queue.h"``)."""
-    import sysconfig
-
     compiler = (sysconfig.get_config_var("CC") or "cc").split()
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     target = source.with_name(source.stem + suffix)
@@ -288,7 +287,25 @@ def _activate(package_path: MutableSequence[str]) -> str | None:
         )
         return None
     package_path.insert(0, str(copy / "stacklib"))
-    # mypyc's shared runtime module sits at the top of the copy: importable, behind
-    # everything else (nothing else in the copy is found there first).
-    sys.path.append(str(copy))
+    _load_runtime(copy)
     return str(copy)
+
+
+def _load_runtime(copy: Path) -> None:
+    """Load mypyc's shared runtime module, which sits at the top of the copy, by its file.
+    (The copy's directory on ``sys.path`` would also let a spawned process, which inherits
+    ``sys.path``, find the copy's ``stacklib`` before the installed one, whatever its own
+    ``$STACKLIB_COMPILED`` says.)"""
+    import importlib.util
+
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    for runtime in copy.glob(f"*__mypyc{suffix}"):
+        name = runtime.name[: -len(suffix)]
+        if name in sys.modules:
+            continue
+        spec = importlib.util.spec_from_file_location(name, runtime)
+        if spec is None or spec.loader is None:
+            continue
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)

@@ -46,6 +46,24 @@ print(json.dumps({
 """
 
 
+PROBE = """
+import stacklib
+
+
+def pure_here() -> float:
+    import stacklib.sim.world as world
+
+    return 1.0 if world.__file__.endswith(".py") and stacklib.COMPILED is None else 0.0
+
+
+if __name__ == "__main__":
+    from stacklib.bench.engines import PURE, measure
+
+    print("parent-compiled" if stacklib.COMPILED else "parent-pure")
+    print("worker-pure" if measure(PURE, pure_here) == 1.0 else "worker-compiled")
+"""
+
+
 def run_program(environment: dict[str, str]) -> dict[str, object]:
     result = subprocess.run(
         [sys.executable, "-c", PROGRAM],
@@ -170,6 +188,18 @@ def test_the_compiled_copy_gives_the_pure_modules_numbers(
     assert fast["times"] == pure["times"]  # the same simulation, to the last digit
     assert fast["recipes"] == pure["recipes"]
     assert fast["trace"] == pure["trace"] and pure["trace"]
+    # A process on the copy measures its benchmarks' pure rows in a spawned worker on the
+    # pure modules (the worker inherits sys.path, which must not lead it into the copy).
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    answer = subprocess.run(
+        [sys.executable, str(probe)],
+        env={**os.environ, "STACKLIB_CACHE": str(tmp_path), compiled.ENVIRONMENT: "1"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert answer.stdout.split() == ["parent-compiled", "worker-pure"], answer.stdout
     assert compiled.remove() == [copy]
     assert compiled.available() is None
 
