@@ -127,13 +127,16 @@ async def _services(
             a.register_handler(reply, _REPLY)
             request, poll_a, poll_b = a.request_nowait, a.poll, b.poll
 
+            def round_trip() -> None:
+                target = replies[0] + 1
+                request(channel, _ECHO, *_WORDS)
+                poll_b()
+                while replies[0] < target:
+                    poll_a()
+
             async def run(count: int) -> None:
                 for index in range(count):
-                    target = replies[0] + 1
-                    request(channel, _ECHO, *_WORDS)
-                    poll_b()
-                    while replies[0] < target:
-                        poll_a()
+                    round_trip()
                     if index & 63 == 0:
                         await trio.lowlevel.checkpoint()  # the layers' tasks run now and then
 
@@ -141,11 +144,7 @@ async def _services(
                 spent = 0.0
                 clock = time.thread_time
                 for _ in range(count):
-                    target = replies[0] + 1
-                    request(channel, _ECHO, *_WORDS)
-                    poll_b()
-                    while replies[0] < target:
-                        poll_a()
+                    round_trip()
                     for _ in range(50):
                         poll_a()
                     start = clock()

@@ -28,8 +28,10 @@ from hypothesis import strategies as st
 
 from stacklib.layers.uam.machine import GetReceived, UamMachine, machine_class
 from stacklib.layers.uam.machine_core import MachineCore
+from stacklib.layers.uam.service import UamService
 from stacklib.transports.shm.ring_core import RingCore
 from tests.c_extension import load_c_extension
+from tests.two_forms import step_both
 
 BASE = 64  # the ring's block of the header page (region.RING_WORD), as test_ring_core.py
 TAIL, HEAD, SLEEPING, WAITING = BASE, BASE + 8, BASE + 16, BASE + 24
@@ -94,33 +96,9 @@ class Service:
         self.names: dict[int, str] = {}  # machines by id: the side each serves
 
     def _run_handlers(self, peer: int, machine: UamMachine) -> int:
-        """UamService._run_handlers, as it is (the reference's lane calls it)."""
-        count = 0
-        handlers = self._handlers
-        while (taken := machine.take()) is not None:
-            count += 1
-            if not isinstance(taken, tuple):
-                self._dispatch(peer, machine, taken)
-                continue
-            handler = handlers[taken[1]]
-            if handler is None:
-                self.unknown_handler += 1
-                continue
-            request = taken[0] == REQUEST
-            if request:
-                self._current_machine = machine
-                self._current_token = taken[3]
-                self._current_peer = peer
-            words: tuple[object, ...] = taken[2]
-            nwords = len(words)
-            if nwords == 4:
-                handler(peer, words[0], words[1], words[2], words[3])
-            elif nwords == 0:
-                handler(peer)
-            else:
-                handler(peer, *words)
-            if request:
-                self._current_machine = None
+        """UamService._run_handlers itself (the reference's lane calls it; the C lane does
+        what it does), run on this stand-in."""
+        count: int = UamService._run_handlers(self, peer, machine)  # type: ignore[arg-type]
         return count
 
     def _dispatch(self, peer: int, machine: UamMachine, event: object) -> None:
@@ -326,13 +304,7 @@ def run_both(
 ) -> None:
     reference = World(forms["python"], capacity, max_message)
     under_test = World(forms["c"], capacity, max_message)
-    assert not any(m.native for m in reference.machines.values())
-    assert all(m.native for m in under_test.machines.values())
-    for step, op in enumerate(ops):
-        expected = reference.apply(op)
-        got = under_test.apply(op)
-        assert got == expected, f"step {step}: {op}"
-        assert under_test.observe() == reference.observe(), f"after step {step}: {op}"
+    step_both(reference, under_test, ops)
 
 
 @settings(max_examples=80, deadline=None)

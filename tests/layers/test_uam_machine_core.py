@@ -28,6 +28,7 @@ from stacklib.layers.uam.machine import (
 )
 from stacklib.layers.uam.machine_core import MachineCore
 from tests.c_extension import load_c_extension
+from tests.two_forms import step_both
 
 
 def build_c_core(work: Path) -> Any:
@@ -243,13 +244,7 @@ def run_both(
 ) -> None:
     reference = World(machine_class(MachineCore), initial_seq, window)
     under_test = World(native, initial_seq, window)
-    assert not any(m.native for m in reference.machines.values())
-    assert all(m.native for m in under_test.machines.values())
-    for step, op in enumerate(ops):
-        expected = reference.apply(op)
-        got = under_test.apply(op)
-        assert got == expected, f"step {step}: {op}"
-        assert under_test.observe() == reference.observe(), f"after step {step}: {op}"
+    step_both(reference, under_test, ops)
 
 
 @settings(max_examples=300, deadline=None)
