@@ -186,7 +186,7 @@ class ShmEndpoint(Endpoint):
     # ------------------------------------------------------------------ the express lane
 
     def express_rx(self, channel: int) -> NativeQueue | None:
-        """:meth:`ExpressEndpoint.express_rx`: the ring of ``channel`` when it is this
+        """:meth:`Endpoint.express_rx`: the ring of ``channel`` when it is this
         endpoint's only receive ring and :meth:`poll_payload` would take from it now (no view
         held, nothing queued, no upcalls, open, no send waiting for ring room)."""
         if (
@@ -205,7 +205,7 @@ class ShmEndpoint(Endpoint):
         return link.rx.native_queue() if source == channel else None
 
     def express_tx(self, channel: int) -> NativeQueue | None:
-        """:meth:`ExpressEndpoint.express_tx`: the ring to ``channel`` when
+        """:meth:`Endpoint.express_tx`: the ring to ``channel`` when
         :meth:`send_payload` would write to it now (nothing queued, open, channel sound)."""
         if self.send_queue or self.closed:
             return None
@@ -218,7 +218,7 @@ class ShmEndpoint(Endpoint):
         return link.tx.native_queue()
 
     def express_received(self, channel: int, count: int, nbytes: int, broken: bool) -> None:
-        """:meth:`ExpressEndpoint.express_received`: the counters :meth:`poll_payload` keeps;
+        """:meth:`Endpoint.express_received`: the counters :meth:`poll_payload` keeps;
         a broken ring fails the channel as there."""
         self.received += count
         self.received_bytes += nbytes
@@ -234,7 +234,7 @@ class ShmEndpoint(Endpoint):
                     break
 
     def express_sent(self, channel: int, count: int, nbytes: int, wakes: int) -> None:
-        """:meth:`ExpressEndpoint.express_sent`: the counters and wake-ups of
+        """:meth:`Endpoint.express_sent`: the counters and wake-ups of
         :meth:`send_payload`."""
         self.sent += count
         self.sent_bytes += nbytes
