@@ -76,6 +76,7 @@ HOT_MODULES: tuple[str, ...] = (
     "sim/clock.py",
     "unet/ring.py",
     "unet/ni.py",
+    "unet/endpoint_types.py",
     "unet/endpoint.py",
     "unet/polled.py",
     "wire/descriptor.py",
