@@ -229,7 +229,7 @@ class ShmEndpoint(Endpoint):
             for link, source in self._rx_links:
                 if source == channel:
                     ring = link.rx
-                    ring.express_broke()
+                    ring.take_broke()
                     ni.ring_broken(link, ring, self)
                     break
 

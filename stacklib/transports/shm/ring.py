@@ -212,9 +212,9 @@ class Ring:
         no view is lent out by :meth:`hold` and the ring is sound; else None."""
         return self._core if self.held is None and self.error is None else None
 
-    def express_broke(self) -> None:
-        """The express lane's take found the ring broken (the core's ``failure`` says how):
-        break it as :meth:`take` would have."""
+    def take_broke(self) -> None:
+        """A take from the core (:meth:`take`'s, or the express lane's) found the ring broken
+        (the core's ``failure`` says how): break it."""
         if self.error is None:
             self._break(self._core.failure or "the producer published an impossible record")
 
@@ -279,7 +279,7 @@ class Ring:
         message = self._core.take()
         if message is None or message.__class__ is bytes:
             return message
-        self._break(self._core.failure or "the producer published an impossible record")
+        self.take_broke()
         return None
 
     def read_many(self, limit: int) -> tuple[list[bytes], int]:
