@@ -25,6 +25,7 @@ from stacklib.transports.shm.region import (
     STATE_CLOSED,
     RegionHeader,
     ShmAddress,
+    populate,
 )
 from stacklib.transports.shm.ring import Ring
 
@@ -56,6 +57,7 @@ class ShmLink:
         if spec is None or spec.region_bytes != len(region):
             raise ChannelError(f"channel to {remote}: not a valid channel region")
         ring_bytes, max_message = spec.ring_bytes, spec.max_message
+        populate(region)
         self._view = memoryview(region)
         self._words = self._view[:HEADER_BYTES].cast("Q")
         peer = 1 - side
