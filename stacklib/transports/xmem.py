@@ -47,6 +47,7 @@ from collections.abc import Callable, Iterable
 import attrs
 import construct as cs
 
+from stacklib.unet.segment import populate
 from stacklib.wire.codec import derive_codec
 
 PAGE = mmap.PAGESIZE
@@ -363,6 +364,7 @@ class ReceivePool:
     """The owner's side of a receive pool: post buffers, take completions (no system calls)."""
 
     def __init__(self, region: mmap.mmap, layout: PoolLayout) -> None:
+        populate(region)  # the posted buffers, resident before the first copy lands
         self.region = region
         self.layout = layout
         self._view = memoryview(region)
@@ -486,6 +488,7 @@ def _sealed_memfd(name: str, size: int) -> tuple[int, mmap.mmap]:
             fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
         )
         region = mmap.mmap(fd, size)
+        populate(region)  # the daemon's side of a pool or queue, resident from the start
     except BaseException:
         os.close(fd)
         raise
@@ -626,6 +629,7 @@ class RequestQueue:
     call, except a doorbell when the daemon's mover sleeps (``ring`` sends it)."""
 
     def __init__(self, region: mmap.mmap, layout: QueueLayout, ring: Callable[[], None]) -> None:
+        populate(region)
         self.region = region
         self.layout = layout
         self._view = memoryview(region)

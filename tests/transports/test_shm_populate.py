@@ -8,8 +8,8 @@ import resource
 import pytest
 
 from stacklib.transports.shm import ShmEndpoint, ShmNetwork
-from stacklib.transports.shm.region import MADV_POPULATE_WRITE, PAGE_BYTES, populate
 from stacklib.unet import connect
+from stacklib.unet.segment import MADV_POPULATE_WRITE, PAGE_BYTES, populate
 
 
 def _minor_faults() -> int:
@@ -86,3 +86,20 @@ def test_populate_changes_no_byte(size: int) -> None:
     populate(region)
     assert region[:] == before
     region.close()
+
+
+def test_single_copy_pools_are_mapped_on_both_sides() -> None:
+    """The receive pool of a single-copy endpoint: the daemon's mapping and its owner's."""
+    from stacklib.transports import xmem
+
+    layout = xmem.PoolLayout(64, 256 * PAGE_BYTES)
+    state = xmem.create_pool(layout, "test-pool")
+    try:
+        assert _faults_reading(state.region) < 8
+        # (Reading an allocated page of another process's pool maps the pages around it too:
+        # unpopulated, the owner faults once per 16 pages here, not per page.)
+        owner = xmem.ReceivePool(mmap.mmap(state.fd, layout.total), layout)
+        assert _faults_reading(owner.region) < 8
+        owner.close()
+    finally:
+        state.close()

@@ -25,9 +25,9 @@ from stacklib.transports.shm.region import (
     STATE_CLOSED,
     RegionHeader,
     ShmAddress,
-    populate,
 )
 from stacklib.transports.shm.ring import Ring
+from stacklib.unet.segment import populate
 
 if TYPE_CHECKING:
     from stacklib.transports.shm.ni import ShmNI

@@ -49,10 +49,6 @@ STATE_CLOSED: Final = 2
 #: What a node name may be (it names files and daemon records).
 NODE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _WORD = struct.Struct("<Q")
-#: ``madvise`` advice that faults every page of a mapping in, writable (Linux 5.14; the
-#: ``mmap`` module of Python 3.11 does not name it).
-MADV_POPULATE_WRITE: Final = 23
-PAGE_BYTES: Final = mmap.PAGESIZE
 
 
 @attrs.frozen
@@ -152,29 +148,6 @@ class RegionHeader:
         self._set_word(SIDE_WORD[side] + 1, STATE_CLOSED)
         if reclaimed:
             self._set_word(RECLAIMED_WORD, self._word(RECLAIMED_WORD) | 1 << side)
-
-
-def populate(region: mmap.mmap) -> None:
-    """Fault every page of ``region`` into this process now (the segment "pinned to physical
-    memory" of paper 000 §3.4 and §4.2.2), so no message pays a page fault later.
-
-    A fresh region's pages are allocated and mapped on first touch: without this, each side
-    takes a fault on every page of each ring during its first lap, some tens of microseconds
-    in the middle of a round trip, in every 4 KiB of traffic.  ``MADV_POPULATE_WRITE`` does it
-    in one call without changing a byte (the peer may be writing already); where the kernel
-    lacks it, one byte per page is read instead, which maps the page the peer shares.
-    """
-    try:
-        region.madvise(MADV_POPULATE_WRITE)
-        return
-    except OSError:
-        pass  # an older kernel (EINVAL): touch the pages
-    view = memoryview(region)
-    try:
-        for offset in range(0, len(region), PAGE_BYTES):
-            view[offset]
-    finally:
-        view.release()
 
 
 class ChannelBroker(Protocol):
