@@ -116,6 +116,9 @@ class PolledNI(NetworkInterface):
     #: Seconds a waiting receiver polls (with checkpoints) before it sleeps in
     #: :meth:`idle_wait`; layers that wait on the NI themselves (UAM's lean path) read it.
     spin_time: float = 0.0
+    #: Seconds a waiting receiver first polls *without* yielding to other trio tasks (a reply
+    #: on a busy channel comes sooner than a scheduler pass takes); 0: none.
+    hot_spin: float = 0.0
 
     @abc.abstractmethod
     def progress(self) -> int:

@@ -36,6 +36,11 @@ if TYPE_CHECKING:
 __all__ = ["LeanPath"]
 
 _RETRY: Final = 20e-6  # seconds before the pump offers the endpoint again what it refused
+#: The ``await`` calls that did not wait (``request``, a ``wait_until`` whose condition held
+#: within the hot spin) yield to other trio tasks once in this many calls, as the shm
+#: endpoint's do: a pass of trio's loop with UAM's tasks costs some 10 us compiled, twice a
+#: whole polled round trip.
+YIELD_EVERY: Final = 256
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -53,6 +58,8 @@ class LeanPath(ExecutionPath):
         ni = endpoint.ni
         self._polled: PolledNI | None = ni if isinstance(ni, PolledNI) else None
         self._spin = self._polled.spin_time if self._polled is not None else 0.0
+        self._hot = min(self._polled.hot_spin, self._spin) if self._polled is not None else 0.0
+        self._unyielded = 0  # await calls since the last one that yielded
         self._kick_event = trio.Event()
         self._kicked = False  # _kick_event is set (a flag: testing the event is a call)
         self._pump_deadline = math.inf  # when the pump wakes next (inf: only if kicked)
@@ -74,6 +81,21 @@ class LeanPath(ExecutionPath):
     @property
     def spin(self) -> float | None:
         return self._spin
+
+    @property
+    def hot_spin(self) -> float:
+        return self._hot
+
+    def schedule_point_skipped(self) -> bool:
+        """Skip the schedule point of an ``await`` call that did not wait, but every
+        :data:`YIELD_EVERY`-th (the call is still a cancellation point: the service tests
+        for cancellation first)."""
+        unyielded = self._unyielded + 1
+        if unyielded < YIELD_EVERY:
+            self._unyielded = unyielded
+            return True
+        self._unyielded = 0
+        return False
 
     def start(self) -> list[Task]:
         """The receive task and the pump, and the poller with ``background_poll``."""
@@ -267,8 +289,12 @@ class LeanPath(ExecutionPath):
             # the node (a failed peer shows as retransmission timeouts, as in the paper).
             # While the application polls, keep spinning: asleep, this task would make every
             # sender pay a wake-up system call.
+            # With background_poll this task is the one that answers requests: it polls for
+            # hot_spin seconds between checkpoints, as a waiting application task does.
             spin = self._spin
+            hot = self._hot if background else 0.0
             deadline = time.perf_counter() + spin
+            yield_at = 0.0
             spins = 0
             polls = self._polls
             while (now := time.perf_counter()) < deadline or self._polls != polls:
@@ -277,7 +303,9 @@ class LeanPath(ExecutionPath):
                     deadline = now + spin
                 spins += 1
                 relax(spins)  # a peer sharing this CPU runs now, not after our time slice
-                await trio.lowlevel.checkpoint()
+                if now >= yield_at:
+                    await trio.lowlevel.checkpoint()
+                    yield_at = time.perf_counter() + hot
                 if service._closed or self._absorb():
                     break
             else:

@@ -99,6 +99,11 @@ class ExecutionPath:
         """Seconds a waiting task keeps polling before it parks (None: it parks at once)."""
         return None
 
+    @property
+    def hot_spin(self) -> float:
+        """Seconds of :attr:`spin` a waiting task polls without yielding to other tasks."""
+        return 0.0
+
     def start(self) -> list[Task]:
         """Begin (inside the run, after the service's clock is bound); the background tasks."""
         return []

@@ -71,6 +71,7 @@ from stacklib.services import (
 )
 from stacklib.sim import Simulation
 from stacklib.unet import Endpoint
+from stacklib.unet.polled import relax
 
 __all__ = ["Handler", "RemoteAddress", "UamParams", "UamService", "choose_path"]
 
@@ -153,6 +154,7 @@ class UamService(ActiveMessageService):
         self._costs = host_costs(below.capability(Endpoint), params.proto_us, params.bulk_us)
         self._path: ExecutionPath = choose_path(self, below, self.event_path)
         self._spin = self._path.spin
+        self._hot_spin = self._path.hot_spin
         self._filter_wakes = self._path.filters_wakes
 
     def __repr__(self) -> str:
@@ -577,7 +579,8 @@ class UamService(ActiveMessageService):
         await self._wait_until(lambda: machine.request_room > 0, peer)
 
     async def _wait_until(self, predicate: Callable[[], bool], peer: int | None) -> None:
-        spin_until = None
+        spin_until = hot_until = 0.0
+        spins = 0
         while True:
             self._check_usable(peer)
             self.poll()  # on the lean path, this receives too
@@ -586,10 +589,17 @@ class UamService(ActiveMessageService):
                 return
             if self._spin is not None:
                 # The lean path: poll from this task for the NI's spin time, then sleep until
-                # the receive task sees an arrival.
+                # the receive task sees an arrival.  The first hot_spin seconds without
+                # yielding (a reply on a busy channel comes sooner than a pass of trio's
+                # loop takes; other tasks wait that long at most), the rest with checkpoints.
                 now = time.perf_counter()
-                if spin_until is None:
+                if not spins:
                     spin_until = now + self._spin
+                    hot_until = now + self._hot_spin
+                spins += 1
+                if now < hot_until:
+                    relax(spins)  # a peer sharing this CPU runs now, not after our time slice
+                    continue
                 if now < spin_until:
                     await trio.lowlevel.checkpoint()
                     continue
