@@ -75,6 +75,33 @@ def cancel_point() -> bool:
     return runner.ki_pending and task is runner.main_task
 
 
+def _runq_readable() -> bool:
+    """Whether trio's runner keeps its runnable tasks in ``runq`` (read by
+    :func:`others_runnable`)."""
+    runner = getattr(getattr(getattr(trio, "_core", None), "_run", None), "Runner", None)
+    try:
+        return "runq" in {field.name for field in attrs.fields(runner)}  # type: ignore[arg-type]
+    except (TypeError, attrs.exceptions.NotAnAttrsClassError):
+        return False
+
+
+_RUNQ: Final = _RUN_CONTEXT is not None and _runq_readable()
+
+
+def others_runnable() -> bool:
+    """Whether other trio tasks of this run are ready to run now (True too outside a trio
+    task, or on a trio whose runner this cannot read): a task that would poll without yielding
+    while it is the only one that can run should yield at once otherwise.  One length of
+    trio's run queue, read without a call into trio."""
+    if not _RUNQ:
+        return True
+    try:
+        runner = _RUN_CONTEXT.runner
+    except AttributeError:  # not in a trio run
+        return True
+    return bool(runner.runq)
+
+
 def cancelled() -> bool:
     """:func:`cancel_point` without the keyboard-interrupt test: the cheaper test for the
     calls between two full ones.

@@ -27,7 +27,7 @@ from stacklib.errors import UNetError
 from stacklib.layers.uam.paths import ExecutionPath, Task
 from stacklib.unet import Endpoint
 from stacklib.unet.express import NativeQueue
-from stacklib.unet.polled import PolledNI, relax
+from stacklib.unet.polled import PolledNI, others_runnable, relax
 
 if TYPE_CHECKING:
     from stacklib.layers.uam.machine import UamMachine
@@ -260,12 +260,22 @@ class LeanPath(ExecutionPath):
         endpoint = self._endpoint
         polled = self._polled
         background = service._params.background_poll
+        # With background_poll this task answers the peers' requests: for hot_spin seconds
+        # after it handled an arrival (a busy channel's next one comes sooner than a pass of
+        # trio's loop takes) it polls without checkpoints while no other task is queued to
+        # run; otherwise it yields between polls.
+        hot = self._hot if background else 0.0
+        hot_until = 0.0
         while True:
             if service._closed or endpoint.closed:
                 return
             if self._absorb():
                 if background:
                     service._background_poll()
+                    if hot:
+                        hot_until = time.perf_counter() + hot
+                        if not others_runnable() and self.schedule_point_skipped():
+                            continue
                 await trio.lowlevel.checkpoint()
                 continue
             if polled is None:
@@ -289,12 +299,9 @@ class LeanPath(ExecutionPath):
             # the node (a failed peer shows as retransmission timeouts, as in the paper).
             # While the application polls, keep spinning: asleep, this task would make every
             # sender pay a wake-up system call.
-            # With background_poll this task is the one that answers requests: it polls for
-            # hot_spin seconds between checkpoints, as a waiting application task does.
             spin = self._spin
-            hot = self._hot if background else 0.0
             deadline = time.perf_counter() + spin
-            yield_at = 0.0
+            yield_at = hot_until
             spins = 0
             polls = self._polls
             while (now := time.perf_counter()) < deadline or self._polls != polls:
@@ -303,9 +310,9 @@ class LeanPath(ExecutionPath):
                     deadline = now + spin
                 spins += 1
                 relax(spins)  # a peer sharing this CPU runs now, not after our time slice
-                if now >= yield_at:
+                if now >= yield_at or others_runnable():
                     await trio.lowlevel.checkpoint()
-                    yield_at = time.perf_counter() + hot
+                    yield_at = 0.0  # a stretch without checkpoints follows arrivals only
                 if service._closed or self._absorb():
                     break
             else:
@@ -313,6 +320,8 @@ class LeanPath(ExecutionPath):
                 continue
             if background:
                 service._background_poll()
+                if hot:
+                    hot_until = time.perf_counter() + hot
 
     def _absorb(self, flush: bool = True) -> int:
         """Feed every datagram waiting at the endpoint to its machine; returns how many.
