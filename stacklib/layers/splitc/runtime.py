@@ -79,6 +79,12 @@ _H_STORED: Final = "splitc.stored"
 _H_PUT: Final = "splitc.put"
 _H_GOT: Final = "splitc.got"
 _H_COLL: Final = "splitc.coll"
+_H_COLL_WORDS: Final = "splitc.coll.words"
+#: A collective's payload of at most this many bytes (a barrier's, a scalar's reduction)
+#: travels in one request's words, a length and three data words, like a scalar store: a
+#: store goes through UAM's general bulk path, some 30 us of interpreted work compiled.
+_COLL_IN_WORDS: Final = 12
+_COLL_WORDS: Final = struct.Struct(">III")
 _COLL_REGION: Final = "splitc.collective"
 # The wire codes the scalar fast paths compare and build (wire.py's Kind): plain int constants,
 # inlined in the compiled copy.
@@ -376,6 +382,7 @@ class SplitC(Service):
         am.register_handler(self._on_put, name=_H_PUT)
         am.register_handler(self._on_got, name=_H_GOT)
         am.register_handler(self._on_coll, name=_H_COLL)
+        am.register_handler(self._on_coll_words, name=_H_COLL_WORDS)
         self._coll = np.zeros(size * slot_bytes, np.uint8)
         self._coll_id = am.register_region(self._coll.data, name=_COLL_REGION)
 
@@ -843,6 +850,10 @@ class SplitC(Service):
             raise LocalProtocolError(
                 f"Split-C: collective of {len(data)} bytes exceeds slot_bytes={self._slot}"
             )
+        if len(data) <= _COLL_IN_WORDS:
+            words = _COLL_WORDS.unpack(data.ljust(_COLL_IN_WORDS, b"\0"))
+            await self.am.request(self._peer[target], _H_COLL_WORDS, len(data), *words)
+            return
         offset = self.rank * self._slot
         await self.am.store(self._peer[target], data, (self._coll_id, offset), _H_COLL)
 
@@ -1030,6 +1041,25 @@ class SplitC(Service):
         # Copy out now: the next collective from the same rank reuses the slot.
         self._coll_in[source].append(self._coll[offset : offset + nbytes].tobytes())
 
+    def _on_coll_words(
+        self,
+        peer: int,
+        w0: object = None,
+        w1: object = None,
+        w2: object = None,
+        w3: object = None,
+    ) -> None:
+        """A small collective's payload: its length, then the bytes in three words."""
+        source = self._rank_of.get(peer)
+        if source is None or not _four_words(w0, w1, w2, w3):
+            self.counters["malformed"] += 1
+            return
+        length: int = w0  # type: ignore[assignment]
+        if length > _COLL_IN_WORDS:
+            self.counters["malformed"] += 1
+            return
+        self._coll_in[source].append(_COLL_WORDS.pack(w1, w2, w3)[:length])
+
 
 def request_op(words: Sequence[int]) -> int:
     """The op id in a request's first word (wire.py: kind, size, region, op)."""
@@ -1042,15 +1072,30 @@ def _encode(region: _Region, value: Any) -> bytes:
     return np.asarray(value, dtype=region.array.dtype).reshape(1).tobytes()
 
 
+#: The dtypes of the scalars a collective packs in two bytes and its data (a marker byte no
+#: header length starts with, and the dtype's index here): a reduction of one number then fits
+#: in one request (:data:`_COLL_IN_WORDS`).
+_SCALAR_DTYPES: Final = ("<i8", "<f8", "|b1", "<i4", "<u8", "<u4", "<f4")
+_SCALAR_CODES: Final = {dtype: code for code, dtype in enumerate(_SCALAR_DTYPES)}
+_SCALAR_MARK: Final = 0xFF
+
+
 def _pack_array(array: npt.NDArray[Any]) -> bytes:
     """dtype, shape and data of ``array`` in one byte string (collectives' payload)."""
+    if array.ndim == 0:
+        code = _SCALAR_CODES.get(array.dtype.str)
+        if code is not None:
+            return bytes((_SCALAR_MARK, code)) + array.tobytes()
     header = f"{array.dtype.str}|{','.join(str(n) for n in array.shape)}|".encode()
     return len(header).to_bytes(2, "big") + header + np.ascontiguousarray(array).tobytes()
 
 
 def _unpack_array(data: bytes) -> npt.NDArray[Any]:
+    if data[0] == _SCALAR_MARK:  # (a header is never 0xFF00 bytes long)
+        return np.frombuffer(data[2:], np.dtype(_SCALAR_DTYPES[data[1]])).reshape(()).copy()
     length = int.from_bytes(data[:2], "big")
-    dtype, shape, _ = data[2 : 2 + length].decode().split("|")
+    # (From the right: a dtype's own string may hold "|", as "|u1" does.)
+    dtype, shape, _ = data[2 : 2 + length].decode().rsplit("|", 2)
     dims = tuple(int(n) for n in shape.split(",") if n)
     return np.frombuffer(data[2 + length :], np.dtype(dtype)).reshape(dims).copy()
 

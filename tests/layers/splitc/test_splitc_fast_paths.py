@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import stacklib
 from stacklib.layers.splitc import SplitC
@@ -65,6 +67,9 @@ class FakeAm:
 
     def reply(self, handler: int, *args: int) -> None:
         self.replies.append((handler, *args))
+
+    async def request(self, peer: int, handler: int | str, *args: int) -> None:
+        self.requests.append((peer, handler, *args))  # type: ignore[arg-type]
 
 
 def rank_with(array: np.ndarray[Any, Any]) -> tuple[SplitC, FakeAm]:
@@ -286,3 +291,52 @@ def test_the_target_answers_a_write_as_specified_beside_the_read_path() -> None:
     assert sc.local("x").tolist() == [0, 0, -3, 0]
     sc._on_request(7, *build_request(Request(Kind.READ, 8, 0, 12, 16)))
     assert tuple(am.replies.pop()[1:]) == build_reply(Reply(Kind.VALUE, 8, Status.OK, 12, data))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.one_of(
+        st.integers(-(2**63), 2**63 - 1).map(np.int64),
+        st.floats(allow_nan=False).map(np.float64),
+        st.booleans().map(np.bool_),
+        st.integers(-(2**31), 2**31 - 1).map(np.int32),
+        st.integers(0, 2**64 - 1).map(np.uint64),
+        st.integers(0, 2**32 - 1).map(np.uint32),
+        st.floats(width=32, allow_nan=False).map(np.float32),
+        st.lists(st.integers(-100, 100), max_size=5).map(lambda xs: np.array(xs, np.int64)),
+        st.integers(0, 255).map(np.uint8),  # a scalar of a dtype without the short form
+    )
+)
+def test_collective_payloads_round_trip(value: Any) -> None:
+    """A collective's payload gives back the value: dtype, shape and data; scalars of the
+    common dtypes in 10 bytes or less, so a reduction of one number fits one request."""
+    from stacklib.layers.splitc.runtime import _COLL_IN_WORDS, _pack_array, _unpack_array
+
+    array = np.asarray(value)
+    data = _pack_array(array)
+    back = _unpack_array(data)
+    assert back.dtype == array.dtype and back.shape == array.shape
+    assert back.tobytes() == array.tobytes()
+    if array.ndim == 0 and array.dtype != np.uint8:
+        assert len(data) <= _COLL_IN_WORDS
+
+
+def test_small_collectives_travel_in_one_request_and_bad_words_are_counted() -> None:
+    from stacklib.layers.splitc.runtime import _H_COLL_WORDS
+
+    sc, am = rank_with(np.arange(4, dtype=np.int64))
+    handler = sc._on_coll_words
+    handler(7, 3, 0x61626300, 0, 0)  # from rank 1 (channel 7): b"abc"
+    handler(7, 0, 0, 0, 0)  # an empty payload
+    assert list(sc._coll_in[1]) == [b"abc", b""]
+    handler(7, 13, 0, 0, 0)  # longer than three words
+    handler(7, 3, 0, 0)  # a word short
+    handler(7, 3, "x", 0, 0)  # not a word
+    handler(99, 3, 0, 0, 0)  # no rank on that channel
+    assert sc.counters["malformed"] == 4 and len(sc._coll_in[1]) == 2
+
+    async def send() -> None:
+        await sc._send_coll(1, b"\x01\x02\x03\x04\x05")
+
+    trio.run(send)
+    assert am.requests[-1] == (7, _H_COLL_WORDS, 5, 0x01020304, 0x05000000, 0)
