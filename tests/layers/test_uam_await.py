@@ -100,8 +100,10 @@ async def test_a_reply_within_hot_spin_is_taken_without_yielding(hot_spin: float
 
 
 async def test_calls_that_did_not_wait_yield_every_yield_every_calls() -> None:
-    ran = await _ticks_during(5.0, YIELD_EVERY)  # two await calls each
-    assert 2 <= ran <= 4  # about once per YIELD_EVERY calls, not once per call
+    # 4 x YIELD_EVERY await calls (two a round trip); the receive task's own skipped passes
+    # count too, so the application's yields fall about every YIELD_EVERY calls, not exactly.
+    ran = await _ticks_during(5.0, 2 * YIELD_EVERY)
+    assert 2 <= ran <= 16  # not once per call
 
 
 async def test_every_request_is_a_cancellation_point() -> None:
