@@ -150,3 +150,23 @@ def test_others_runnable_reads_trio_s_run_queue() -> None:
         return seen
 
     assert trio.run(main) == [False, True, False]
+
+
+@pytest.mark.parametrize(
+    ("spin", "hot_spin_us", "expected"),
+    [
+        (50e-6, None, (20e-6, 50e-6)),  # the NI's hot spin, within its spin
+        (50e-6, 200.0, (200e-6, 200e-6)),  # the layer's, the spin stretched to hold it
+        (0.0, 200.0, (0.0, 0.0)),  # an NI that does not spin: no hot spin either
+    ],
+)
+async def test_the_hot_spin_is_the_nis_or_the_layers(
+    spin: float, hot_spin_us: float | None, expected: tuple[float, float]
+) -> None:
+    with ShmNetwork(spin_time=spin, hot_spin=20e-6) as network:
+        endpoint, _ = open_endpoint(network, name="main", remote="peer")
+        params = UamParams(hot_spin_us=hot_spin_us)
+        async with UamLayer(params).open(UNetService(endpoint)) as am:
+            assert (am.path.hot_spin, am.path.spin) == pytest.approx(expected)
+    with pytest.raises(ValueError):
+        UamParams(hot_spin_us=-1.0)

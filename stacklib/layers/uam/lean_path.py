@@ -58,7 +58,16 @@ class LeanPath(ExecutionPath):
         ni = endpoint.ni
         self._polled: PolledNI | None = ni if isinstance(ni, PolledNI) else None
         self._spin = self._polled.spin_time if self._polled is not None else 0.0
-        self._hot = min(self._polled.hot_spin, self._spin) if self._polled is not None else 0.0
+        # The hot spin is part of the spin, and only where the NI spins at all (not where
+        # ranks outnumber the CPUs and spinning would take a core another rank needs).
+        hot_us = service._params.hot_spin_us
+        if self._polled is None or not self._spin:
+            self._hot = 0.0
+        elif hot_us is None:
+            self._hot = min(self._polled.hot_spin, self._spin)
+        else:
+            self._hot = hot_us * 1e-6
+            self._spin = max(self._spin, self._hot)
         self._unyielded = 0  # await calls since the last one that yielded
         self._kick_event = trio.Event()
         self._kicked = False  # _kick_event is set (a flag: testing the event is a call)

@@ -73,3 +73,10 @@ class UamParams:
     )
     #: Run handlers from a background task (False: only when the application polls).
     background_poll: bool = True
+    #: Microseconds a waiting task polls without yielding to other trio tasks on a real NI
+    #: that spins (the lean path; None: the NI's own ``hot_spin``, 20 us on shm).  A
+    #: conversation with work on both sides between messages (an SPMD program's collectives)
+    #: wants longer: a wait that outlasts it continues with a pass of trio's loop per poll.
+    hot_spin_us: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_non_negative)
+    )
