@@ -23,26 +23,33 @@ from stacklib.unet.ni import NetworkInterface
 from stacklib.wire.descriptor import SendDescriptor
 
 
+def _trio_has(wanted: dict[str, set[str]]) -> bool:
+    """Whether each of trio's run classes named in ``wanted`` (attrs classes of
+    ``trio._core._run``) has the fields given for it."""
+    run_module = getattr(getattr(trio, "_core", None), "_run", None)
+    for name, fields in wanted.items():
+        try:
+            found = {field.name for field in attrs.fields(getattr(run_module, name, None))}  # type: ignore[arg-type]
+        except (TypeError, attrs.exceptions.NotAnAttrsClassError):
+            return False
+        if not fields <= found:
+            return False
+    return True
+
+
 def _find_run_context() -> Any:
     """trio's per-thread run context if its tasks and runner have what :func:`cancel_point`
     reads (a few private fields, as the simulator's clock reads some: stacklib/sim/clock.py),
     else None: then :func:`cancel_point` always answers True and the caller awaits trio's own
     ``checkpoint_if_cancelled``, which is correct on any trio, only slower."""
-    run_module = getattr(getattr(trio, "_core", None), "_run", None)
-    context = getattr(run_module, "GLOBAL_RUN_CONTEXT", None)
     wanted = {
         "Task": {"_cancel_status", "_runner"},
         "CancelStatus": {"effectively_cancelled"},
         "Runner": {"ki_pending", "main_task"},
     }
-    for name, fields in wanted.items():
-        try:
-            found = {field.name for field in attrs.fields(getattr(run_module, name, None))}  # type: ignore[arg-type]
-        except (TypeError, attrs.exceptions.NotAnAttrsClassError):
-            return None
-        if not fields <= found:
-            return None
-    return context
+    if not _trio_has(wanted):
+        return None
+    return getattr(getattr(getattr(trio, "_core", None), "_run", None), "GLOBAL_RUN_CONTEXT", None)
 
 
 #: trio's run context, read by :func:`cancel_point` (None: a trio without the fields it reads).
@@ -75,17 +82,8 @@ def cancel_point() -> bool:
     return runner.ki_pending and task is runner.main_task
 
 
-def _runq_readable() -> bool:
-    """Whether trio's runner keeps its runnable tasks in ``runq`` (read by
-    :func:`others_runnable`)."""
-    runner = getattr(getattr(getattr(trio, "_core", None), "_run", None), "Runner", None)
-    try:
-        return "runq" in {field.name for field in attrs.fields(runner)}  # type: ignore[arg-type]
-    except (TypeError, attrs.exceptions.NotAnAttrsClassError):
-        return False
-
-
-_RUNQ: Final = _RUN_CONTEXT is not None and _runq_readable()
+#: Whether :func:`others_runnable` can read trio's run queue (``Runner.runq``).
+_RUNQ: Final = _RUN_CONTEXT is not None and _trio_has({"Runner": {"runq"}})
 
 
 def others_runnable() -> bool:
