@@ -634,20 +634,24 @@ class ShmEndpoint(Endpoint):
 
     def _spin_poll(self) -> Message | None:
         """:meth:`poll` for up to ``hot_spin`` seconds without yielding (the clock read every
-        8th poll, so a reply is seen within a poll or so of its arrival): the message, or
-        None."""
+        8th poll, so a reply is seen within a poll or so of its arrival, and first at the 8th:
+        a reply on a busy channel usually comes before it, and the reading is a call): the
+        message, or None."""
         hot_spin = self.shm_ni.hot_spin
         if not hot_spin:
             return None
-        hot = time.perf_counter() + hot_spin
+        hot = 0.0
         spins = 0
         while True:
             message = self.poll()
             if message is not None:
                 return message
             spins += 1
-            if spins & 7 == 0 and time.perf_counter() >= hot:
-                return None
+            if spins & 7 == 0:
+                if not hot:
+                    hot = time.perf_counter() + hot_spin
+                elif time.perf_counter() >= hot:
+                    return None
             relax(spins)  # a peer sharing this CPU runs now, not after our time slice
 
     def _spin_payload(self) -> tuple[int, bytes] | None:
@@ -656,15 +660,18 @@ class ShmEndpoint(Endpoint):
         hot_spin = self.shm_ni.hot_spin
         if not hot_spin:
             return None
-        hot = time.perf_counter() + hot_spin
+        hot = 0.0
         spins = 0
         while True:
             arrival = self.poll_payload()
             if arrival is not None:
                 return arrival
             spins += 1
-            if spins & 7 == 0 and time.perf_counter() >= hot:
-                return None
+            if spins & 7 == 0:
+                if not hot:
+                    hot = time.perf_counter() + hot_spin
+                elif time.perf_counter() >= hot:
+                    return None
             relax(spins)
 
     async def _wait(self, poll: Callable[[], _T | None]) -> _T:
