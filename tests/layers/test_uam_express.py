@@ -19,6 +19,7 @@ refuses, a queue that is not native, misuse.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -185,9 +186,12 @@ class World:
         if kind == "get":
             return m.get(1, 0, op[2], self.now)
         if kind == "send":
-            rest = m.express_send(self.rings[other].producer, self.now)
-            self.held[other] += rest or []
-            return rest, m.express_sent, m.express_sent_bytes, m.express_wakes
+            sent = m.express_send(self.rings[other].producer, self.now)
+            counts = (m.express_sent, m.express_sent_bytes, m.express_wakes)
+            if sent is not None:  # the counts returned are the attributes'
+                assert sent[:3] == counts
+                self.held[other] += sent[3] or []
+            return sent, counts
         if kind == "poll":
             rx = self.rings[side].consumer
             taken = m.express_poll(rx, self.clock, self.tables[side], service, peer)
@@ -341,6 +345,21 @@ def poll(machine: UamMachine, service: Service, rx: Ring, now: float = 5.0) -> o
 
 
 @pytest.mark.parametrize("form", ["c", "python"])
+def test_a_float_clock_is_the_offset_of_trios_default_clock(
+    forms: dict[str, tuple[type[UamMachine], Any]], form: str
+) -> None:
+    """The lean path passes trio's default clock as its offset from ``perf_counter``: the
+    poll reads ``perf_counter() + offset`` (the C form without a Python call)."""
+    machine, service, rx, _ = one_side(forms, form)
+    assert rx.producer.try_write(request_pdu(0, 1, 5)) == 1
+    before = time.perf_counter()
+    assert machine.express_poll(rx.consumer, 1000.0, service._handlers, service, 7) == 1
+    after = time.perf_counter()
+    assert 1000.0 + before <= service._poll_now <= 1000.0 + after
+    assert service.log[0][6] == service._poll_now  # the handler saw that reading
+
+
+@pytest.mark.parametrize("form", ["c", "python"])
 def test_a_broken_ring_stops_the_poll_after_what_came_before(
     forms: dict[str, tuple[type[UamMachine], Any]], form: str
 ) -> None:
@@ -412,7 +431,7 @@ def test_a_failed_machine_takes_what_arrives_and_ignores_it(
 ) -> None:
     machine, service, rx, tx = one_side(forms, form)
     machine.request(1, (), 0.0)
-    assert machine.express_send(tx.producer, 0.0) is None
+    assert machine.express_send(tx.producer, 0.0) == (1, 8, 0, None)
     for retry in range(MAX_RETRIES + 1):
         machine.handle_timer(RTO * (1 + retry))
     assert machine.state.value == "failed"
@@ -432,15 +451,18 @@ def test_a_datagram_longer_than_the_queue_takes_comes_back_with_the_rest(
     machine.request(1, (1, 2), 0.0)
     machine.store(0, 0, bytes(60), 1, (), 0.0)  # one PDU of 8 + 16 + 60 bytes: over 64
     machine.request(1, (), 0.0)
-    rest = machine.express_send(tx.producer, 0.0)
+    sent = machine.express_send(tx.producer, 0.0)
+    assert sent is not None and sent[:3] == (1, 16, 0)
+    rest = sent[3]
     assert rest is not None and [len(datagram) for datagram in rest] == [84, 8]
     assert (machine.express_sent, machine.express_sent_bytes) == (1, 16)
     assert tx.consumer.take() == request_pdu(0, 1, 1, 2)
     assert tx.consumer.take() is None
     tx.words[SLEEPING] = 1  # the consumer sleeps: the write that fits says to wake it
     machine.request(2, (), 0.0)
-    assert machine.express_send(tx.producer, 0.0) is None
+    assert machine.express_send(tx.producer, 0.0) == (1, 8, 1, None)
     assert (machine.express_sent, machine.express_sent_bytes, machine.express_wakes) == (1, 8, 1)
+    assert machine.express_send(tx.producer, 0.0) is None  # nothing left to send
 
 
 def test_the_c_lane_takes_only_native_queues(

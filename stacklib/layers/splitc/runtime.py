@@ -70,6 +70,19 @@ __all__ = [
 ]
 
 _OPS: Final = 1 << 16  #: op ids are 16 bits (wire.py)
+
+
+def _native_reads() -> Callable[[Callable[..., None]], Any] | None:
+    try:  # built by ``stacklib compile`` into the compiled copy only
+        from stacklib.layers.splitc._splitccore import ScalarReadHandler
+    except ImportError:
+        return None
+    return ScalarReadHandler
+
+
+#: The request handler whose C table answers scalar reads inside UAM's express poll
+#: (``_splitccore.c``), where it is built; else None (the Python handler alone).
+_NATIVE_READS: Final = _native_reads()
 #: How often :meth:`SplitC.compute` lets the protocol's work in (an estimate: the papers do not
 #: say how often the benchmarks poll; 1 ms is well inside UAM's 4 ms timeout).
 COMPUTE_SLICE: Final = 1e-3
@@ -370,8 +383,18 @@ class SplitC(Service):
         #: Virtual (or wall) seconds spent in :meth:`compute`.
         self.compute_time = 0.0
         # The scalar paths name their handlers by index: a name is a lookup per message.
-        self._request_handler = am.register_handler(self._on_request, name=_H_REQUEST)
+        # Over UAM, with the C extension built, the request handler is an object that calls
+        # _on_request and whose C table lets UAM's express poll answer a scalar read without
+        # a Python call (the reply _on_request's fast path makes).
+        self._native: Any = None
+        if _NATIVE_READS is not None and isinstance(am, UamService):
+            self._native = _NATIVE_READS(self._on_request)
+        self._request_handler = am.register_handler(
+            self._on_request if self._native is None else self._native, name=_H_REQUEST
+        )
         self._reply_handler = am.register_handler(self._on_reply, name=_H_REPLY)
+        if self._native is not None:
+            self._native.reply_handler = self._reply_handler
         # ... and call the service's sends through bound methods taken once, or, over UAM,
         # through the service itself (compiled: a native call, without the argument parsing
         # of a Python one).
@@ -412,6 +435,8 @@ class SplitC(Service):
         uam_id = self.am.register_region(flat.view(np.uint8).data, name=f"splitc:{name}")
         region = _Region(len(self._by_index), name, flat, uam_id, ())
         self._by_index.append(region)
+        if self._native is not None:
+            self._native.add_region(region.raw, region.itemsize)
         sizes = await self.all_gather(len(flat))
         region.sizes = tuple(int(s) for s in sizes)
         self._regions[name] = region

@@ -19,6 +19,7 @@
 #include <structmember.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #define MASK 0xFFFF
 #define HALF 0x8000
@@ -568,17 +569,24 @@ static PyObject *Core_acknowledge_now(Core *self, PyObject *unused) {
 
 /* ------------------------------------------------------------------ outputs */
 
-static PyObject *datagrams_to_send(Core *self, double now) {
-    PyObject *out = PyList_New(0);
-    if (out == NULL || self->failed) {
-        return out;
+/* Where the datagrams to send go, in order: a small PDU (to be packed from its fields, words
+ * NULL for none) or a datagram built (bytes, a bulk PDU's).  Each returns 0, or -1 with an
+ * error set (the walk then stops, as the reference's would on that error). */
+typedef struct Emitter {
+    int (*small)(struct Emitter *, long type, long handler, long seq, long ack, PyObject *words);
+    int (*datagram)(struct Emitter *, PyObject *datagram);
+} Emitter;
+
+/* The reference's datagrams_to_send(now), each datagram handed to `emit`: 0, or -1. */
+static int emit_datagrams(Core *self, double now, Emitter *emit) {
+    if (self->failed) {
+        return 0;
     }
     while (PyList_GET_SIZE(self->backlog) && self->credits_used < self->window) {
         PyObject *item = pop_first(self->backlog);
         if (item == NULL || assign(self, (Out *)item, now) < 0) {
             Py_XDECREF(item);
-            Py_DECREF(out);
-            return NULL;
+            return -1;
         }
         Py_DECREF(item);
     }
@@ -589,10 +597,10 @@ static PyObject *datagrams_to_send(Core *self, double now) {
         self->to_send = PyList_New(0);
         if (self->to_send == NULL) {
             self->to_send = items;
-            Py_DECREF(out);
-            return NULL;
+            return -1;
         }
         Py_ssize_t count = PyList_GET_SIZE(items);
+        int emitted = 0;
         for (Py_ssize_t i = 0; i < count; i++) {
             Out *item = (Out *)PyList_GET_ITEM(items, i);
             if (item->acked) {
@@ -604,33 +612,33 @@ static PyObject *datagrams_to_send(Core *self, double now) {
                 self->sent += 1;
             }
             item->transmissions += 1;
-            PyObject *datagram;
+            int failed;
             if (item->bulk == Py_None) {
-                datagram = pack_small(item->type, item->handler, item->seq, ack, item->args);
+                failed = emit->small(emit, item->type, item->handler, item->seq, ack, item->args);
             } else {
-                datagram = PyObject_CallMethod((PyObject *)self, "_build", "llllOOO", item->type,
-                                               item->seq, ack, item->handler, item->args,
-                                               item->bulk, item->data);
-            }
-            if (datagram == NULL || PyList_Append(out, datagram) < 0) {
+                PyObject *datagram = PyObject_CallMethod(
+                    (PyObject *)self, "_build", "llllOOO", item->type, item->seq, ack,
+                    item->handler, item->args, item->bulk, item->data);
+                failed = datagram == NULL ? -1 : emit->datagram(emit, datagram);
                 Py_XDECREF(datagram);
-                Py_DECREF(items);
-                Py_DECREF(out);
-                return NULL;
             }
-            Py_DECREF(datagram);
+            if (failed < 0) {
+                Py_DECREF(items);
+                return -1;
+            }
+            emitted = 1;
         }
         Py_DECREF(items);
-        if (PyList_GET_SIZE(out)) {
+        if (emitted) {
             self->owed = 0; /* advertised */
             self->ack_now = 0;
             self->has_ack_deadline = 0;
-            return out;
+            return 0;
         }
     }
     long owed = self->owed;
     if (!(owed || self->ack_now)) {
-        return out;
+        return 0;
     }
     if (owed && !self->has_ack_deadline) {
         self->ack_deadline = now + self->ack_delay;
@@ -643,15 +651,39 @@ static PyObject *datagrams_to_send(Core *self, double now) {
         self->owed = 0;
         self->ack_now = 0;
         self->has_ack_deadline = 0;
-        PyObject *datagram = pack_small(T_ACK, 0, 0, ack, NULL);
-        if (datagram == NULL || PyList_Append(out, datagram) < 0) {
-            Py_XDECREF(datagram);
-            Py_DECREF(out);
-            return NULL;
-        }
-        Py_DECREF(datagram);
+        return emit->small(emit, T_ACK, 0, 0, ack, NULL);
     }
-    return out;
+    return 0;
+}
+
+/* The emitter of datagrams_to_send: a list of bytes. */
+typedef struct {
+    Emitter emit;
+    PyObject *list;
+} ListEmitter;
+
+static int list_datagram(Emitter *emit, PyObject *datagram) {
+    return PyList_Append(((ListEmitter *)emit)->list, datagram);
+}
+
+static int list_small(Emitter *emit, long type, long handler, long seq, long ack,
+                      PyObject *words) {
+    PyObject *datagram = pack_small(type, handler, seq, ack, words);
+    int failed = datagram == NULL ? -1 : list_datagram(emit, datagram);
+    Py_XDECREF(datagram);
+    return failed;
+}
+
+static PyObject *datagrams_to_send(Core *self, double now) {
+    ListEmitter emit = {{list_small, list_datagram}, PyList_New(0)};
+    if (emit.list == NULL) {
+        return NULL;
+    }
+    if (emit_datagrams(self, now, &emit.emit) < 0) {
+        Py_DECREF(emit.list);
+        return NULL;
+    }
+    return emit.list;
 }
 
 static PyObject *Core_datagrams_to_send(Core *self, PyObject *const *args, Py_ssize_t nargs,
@@ -791,6 +823,7 @@ PyMODINIT_FUNC PyInit__uamcore(void) {
     INTERN(s_current_token, "_current_token");
     INTERN(s_current_peer, "_current_peer");
     INTERN(s_unknown_handler, "unknown_handler");
+    INTERN(s_native_handler, "native_handler");
 #undef INTERN
     if ((one_int = PyLong_FromLong(1)) == NULL) {
         return NULL;

@@ -203,7 +203,10 @@ class LeanPath(ExecutionPath):
         done = False
         taken = 0
         try:
-            taken = machine.express_poll(rx, self._clock, service._handlers, service, peer)
+            # trio's default clock as its offset: the C core reads the clock itself.
+            offset = service._offset
+            clock = self._clock if offset is None else offset
+            taken = machine.express_poll(rx, clock, service._handlers, service, peer)
             done = True
         finally:
             service._current_machine = None
@@ -424,15 +427,14 @@ class LeanPath(ExecutionPath):
             now = service._now()
         tx = self._endpoint.express_tx(peer) if self._lends and self.express else None
         moved = 0
+        datagrams: list[bytes] | None = None  # for send_payload (None: none; no list built)
         if tx is not None:
             # The machine writes straight into the queue; what it refused goes on below.
-            left = machine.express_send(tx, now)
-            moved = machine.express_sent
-            if moved:
-                self._endpoint.express_sent(
-                    peer, moved, machine.express_sent_bytes, machine.express_wakes
-                )
-            datagrams: list[bytes] = [] if left is None else left
+            sent = machine.express_send(tx, now)
+            if sent is not None:  # (None: nothing to send)
+                moved, nbytes, wakes, datagrams = sent
+                if moved:
+                    self._endpoint.express_sent(peer, moved, nbytes, wakes)
         else:
             datagrams = machine.datagrams_to_send(now)
         done = True

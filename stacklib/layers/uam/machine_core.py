@@ -25,6 +25,7 @@ and :meth:`~MachineCore._fail`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Protocol, TypeAlias
 
@@ -507,20 +508,21 @@ class MachineCore:
     def express_poll(
         self,
         rx: NativeQueue,
-        clock: Callable[[], float],
+        clock: Callable[[], float] | float,
         handlers: Sequence[object],
         service: ExpressService,
         peer: int,
     ) -> int:
         """The lean poll of one machine straight from its peer's queue (stacklib.unet.express):
         take each message from ``rx``, feed it, and have ``service`` run the handlers of what
-        it made ready (``_run_handlers``), until the queue is empty or broken.  The clock is
-        read at the first message and left in ``service._poll_now`` (the handlers' replies
-        use it).  Returns how many messages it took, or -1 minus that number if it found the
-        queue broken; :attr:`express_handled` counts the arrivals handled (when no handler
-        raised), and :attr:`express_taken`, :attr:`express_bytes` and :attr:`express_broken`
-        what it took (read them also after a handler raised).  ``handlers`` is the service's
-        table (the C form reads it itself)."""
+        it made ready (``_run_handlers``), until the queue is empty or broken.  The clock (a
+        callable, or a float: the offset of trio's default clock, ``perf_counter() +
+        offset``) is read at the first message and left in ``service._poll_now`` (the
+        handlers' replies use it).  Returns how many messages it took, or -1 minus that
+        number if it found the queue broken; :attr:`express_handled` counts the arrivals
+        handled (when no handler raised), and :attr:`express_taken`, :attr:`express_bytes`
+        and :attr:`express_broken` what it took (read them also after a handler raised).
+        ``handlers`` is the service's table (the C form reads it itself)."""
         self.express_taken = self.express_bytes = self.express_handled = 0
         self.express_broken = False
         now = 0.0
@@ -533,7 +535,7 @@ class MachineCore:
                 self.express_broken = True
                 break
             if first:
-                now = clock()
+                now = clock + time.perf_counter() if isinstance(clock, float) else clock()
                 service._poll_now = now
                 first = False
             self.express_taken += 1
@@ -543,13 +545,20 @@ class MachineCore:
         taken = self.express_taken
         return -1 - taken if self.express_broken else taken
 
-    def express_send(self, tx: NativeQueue, now: float) -> list[bytes] | None:
-        """:meth:`datagrams_to_send` written to ``tx`` in order: None when all went, else the
-        datagrams from the first ``tx`` refused (full, longer than its ``max_message``, broken)
-        on, for the endpoint's general send.  :attr:`express_sent`,
-        :attr:`express_sent_bytes` and :attr:`express_wakes` count what went."""
+    def express_send(
+        self, tx: NativeQueue, now: float
+    ) -> tuple[int, int, int, list[bytes] | None] | None:
+        """:meth:`datagrams_to_send` written to ``tx`` in order: None when there was nothing to
+        send, else ``(sent, sent_bytes, wakes)`` of what went and the rest: None when all
+        went, else the datagrams from the first ``tx`` refused (full, longer than its
+        ``max_message``, broken) on, for the endpoint's general send.
+        :attr:`express_sent`, :attr:`express_sent_bytes` and :attr:`express_wakes` hold the
+        same counts."""
         self.express_sent = self.express_sent_bytes = self.express_wakes = 0
         datagrams = self.datagrams_to_send(now)
+        if not datagrams:
+            return None
+        rest: list[bytes] | None = None
         for index, datagram in enumerate(datagrams):
             length = len(datagram)
             written = (
@@ -558,11 +567,12 @@ class MachineCore:
                 else 0
             )
             if written <= 0:
-                return datagrams[index:]
+                rest = datagrams[index:]
+                break
             self.express_sent += 1
             self.express_sent_bytes += length
             self.express_wakes += written == QUEUE_WAKE
-        return None
+        return self.express_sent, self.express_sent_bytes, self.express_wakes, rest
 
     def get_timer(self) -> float | None:
         """When to call :meth:`handle_timer` next, or None if no timer is running."""

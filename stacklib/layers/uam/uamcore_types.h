@@ -186,14 +186,11 @@ static inline PyObject *optional_float(char has, double value) {
     return PyFloat_FromDouble(value);
 }
 
-/* A REQUEST, REPLY or ACK: the 8-byte header and the words, big-endian. */
-static PyObject *pack_small(long type, long handler, long seq, long ack, PyObject *words) {
+/* A REQUEST, REPLY or ACK into p (room for SMALL_MAX bytes): the 8-byte header and the words,
+ * big-endian.  Its length, or -1 with an error set. */
+static Py_ssize_t pack_small_into(unsigned char *p, long type, long handler, long seq, long ack,
+                                  PyObject *words) {
     Py_ssize_t nargs = words == NULL ? 0 : PyTuple_GET_SIZE(words);
-    PyObject *result = PyBytes_FromStringAndSize(NULL, HEADER_SIZE + 4 * nargs);
-    if (result == NULL) {
-        return NULL;
-    }
-    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(result);
     p[0] = (unsigned char)type;
     p[1] = (unsigned char)handler;
     p[2] = (unsigned char)(seq >> 8);
@@ -205,8 +202,7 @@ static PyObject *pack_small(long type, long handler, long seq, long ack, PyObjec
     for (Py_ssize_t i = 0; i < nargs; i++) {
         unsigned long word = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(words, i));
         if (word == (unsigned long)-1 && PyErr_Occurred()) {
-            Py_DECREF(result);
-            return NULL;
+            return -1;
         }
         unsigned char *w = p + HEADER_SIZE + 4 * i;
         w[0] = (unsigned char)(word >> 24);
@@ -214,7 +210,14 @@ static PyObject *pack_small(long type, long handler, long seq, long ack, PyObjec
         w[2] = (unsigned char)(word >> 8);
         w[3] = (unsigned char)word;
     }
-    return result;
+    return HEADER_SIZE + 4 * nargs;
+}
+
+/* pack_small_into as bytes. */
+static PyObject *pack_small(long type, long handler, long seq, long ack, PyObject *words) {
+    unsigned char buffer[SMALL_MAX];
+    Py_ssize_t length = pack_small_into(buffer, type, handler, seq, ack, words);
+    return length < 0 ? NULL : PyBytes_FromStringAndSize((const char *)buffer, length);
 }
 
 /* Remove and return (a new reference) the first item of a non-empty list. */

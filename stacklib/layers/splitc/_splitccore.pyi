@@ -1,0 +1,19 @@
+"""Type stub of Split-C's C request handler (``_splitccore.c``), built by ``stacklib compile``."""
+
+from collections.abc import Callable
+from typing import Any
+
+class ScalarReadHandler:
+    """Calls ``fallback`` (the runtime's Python request handler); UAM's express poll may
+    answer a scalar read through its ``native_handler`` table instead."""
+
+    native_handler: Any
+    reply_handler: int
+    @property
+    def regions(self) -> int: ...
+    @property
+    def fallback(self) -> Callable[..., None]: ...
+    def __init__(self, fallback: Callable[..., None]) -> None: ...
+    def __call__(self, *args: Any) -> None: ...
+    def add_region(self, buffer: Any, itemsize: int, /) -> int: ...
+    def answer(self, *words: int) -> tuple[int, tuple[int, int, int, int]] | None: ...

@@ -1,0 +1,223 @@
+"""Split-C's C request handler (``_splitccore.c``) against the runtime's Python handler.
+
+``ScalarReadHandler`` is the request handler a rank registers over UAM where the C extension is
+built: called, it calls the runtime's ``_on_request``; its ``native_handler`` table lets UAM's
+express poll answer a read of one whole element of a scalar region without that call.  What
+the table answers must be exactly the reply the Python handler makes (and it must answer every
+read the Python fast path answers); everything else it declines.  The extension and the UAM
+core are compiled here into temporary directories with the compiler ``stacklib compile`` uses;
+the tests skip, saying why, where there is none.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stacklib.layers.splitc import SplitC
+from stacklib.layers.splitc.runtime import _Region
+from stacklib.layers.splitc.wire import Kind, Request, build_request
+from stacklib.layers.uam.machine import UamMachine
+from tests.c_extension import load_c_extension
+from tests.layers.splitc.test_splitc_fast_paths import DTYPES, FakeAm, values
+from tests.layers.test_uam_express import World, forms  # noqa: F401 - forms: a fixture
+
+# Element sizes no scalar access has (a 16-byte complex, a 3-byte record): every read declined.
+NON_SCALAR = [np.complex128, np.dtype("V3")]
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
+    return load_c_extension(
+        "layers/splitc/_splitccore.c",
+        tmp_path_factory.mktemp("splitccore"),
+        "Split-C's C request handler",
+    )
+
+
+def ranks(native: ModuleType, arrays: list[np.ndarray[Any, Any]]) -> tuple[SplitC, FakeAm, Any]:
+    """Rank 0 of 2 with regions 0.. = ``arrays`` (registered without the collective exchange)
+    and a C handler over them whose fallback is the rank's Python request handler."""
+    am = FakeAm()
+    sc = SplitC(am, 0, {1: 7})  # type: ignore[arg-type]
+    handler = native.ScalarReadHandler(sc._on_request)
+    handler.reply_handler = sc._reply_handler
+    for index, array in enumerate(arrays):
+        region = _Region(index, f"r{index}", array, 0, (len(array), len(array)))
+        sc._by_index.append(region)
+        sc._regions[region.name] = region
+        assert handler.add_region(region.raw, region.itemsize) == index
+    return sc, am, handler
+
+
+def python_fast_path_answers(sc: SplitC, words: tuple[int, ...]) -> bool:
+    """Whether ``words`` is a read the Python handler's fast path answers (a whole element of
+    a scalar region, inside it)."""
+    if len(words) != 4:
+        return False
+    first, offset = words[0], words[1]
+    index, size = (first >> 16) & 0xFF, (first >> 24) & 0xF
+    if first >> 28 != 1 or index >= len(sc._by_index):
+        return False
+    region = sc._by_index[index]
+    return region.scalar and size == region.itemsize and offset + size <= region.nbytes
+
+
+word = st.integers(0, 2**32 - 1)
+
+
+@st.composite
+def requests(draw: st.DrawFn, arrays: list[np.ndarray[Any, Any]]) -> tuple[int, ...]:
+    """Reads near every region's bounds (of the right size and others, of regions that exist
+    and one that does not), other kinds, and any words."""
+    choice = draw(st.integers(0, 3))
+    if choice == 3:
+        return tuple(draw(st.lists(word, max_size=4)))
+    index = draw(st.integers(0, len(arrays)))
+    nbytes = arrays[index].nbytes if index < len(arrays) else 8
+    itemsize = arrays[index].itemsize if index < len(arrays) else 8
+    size = draw(st.sampled_from(sorted({1, 2, 4, 8, itemsize & 0xF})))
+    offset = draw(st.integers(0, nbytes + 9) | st.just(2**32 - 1))
+    op = draw(st.integers(0, 0xFFFF))
+    kind = Kind.READ if choice < 2 else Kind.WRITE
+    data = bytes(size) if kind is Kind.WRITE else b""
+    try:
+        built = build_request(Request(kind, size, index, op, offset, data))
+    except Exception:  # (a field out of the format's range: any words instead)
+        return tuple(draw(st.lists(word, max_size=4)))
+    if choice == 1:  # the last two words are not looked at by a read
+        built = (*built[:2], draw(word), draw(word))
+    return tuple(built)
+
+
+@pytest.mark.parametrize("dtype", [*DTYPES, *NON_SCALAR], ids=str)
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_the_native_answer_is_the_python_handlers_reply(
+    native: ModuleType, dtype: Any, data: st.DataObject
+) -> None:
+    arrays = [values(dtype), values(np.int64, 3)]
+    sc, am, handler = ranks(native, arrays)
+    words = data.draw(requests(arrays))
+    answer = handler.answer(*words)
+    counters = dict(sc.counters)
+    handler(7, *words)  # the call: the Python handler, as on every path but the express poll
+    if answer is not None:
+        reply_handler, reply = answer
+        assert am.replies == [(reply_handler, *reply)]
+        assert sc.counters == counters  # nothing else changed
+    assert (answer is not None) == python_fast_path_answers(sc, words)
+
+
+def test_the_handler_calls_its_fallback_and_declines_until_it_knows_the_reply_handler(
+    native: ModuleType,
+) -> None:
+    calls: list[tuple[Any, ...]] = []
+    handler = native.ScalarReadHandler(lambda *args, **kwargs: calls.append((args, kwargs)))
+    handler.add_region(np.arange(4, dtype=np.int64).data, 8)
+    read = build_request(Request(Kind.READ, 8, 0, 3, 8))
+    assert handler.reply_handler == -1
+    assert handler.answer(*read) is None
+    handler.reply_handler = 9
+    assert handler.answer(*read) == (9, (0x5800_0003, 0, 0x0100_0000, 0))  # 1, little-endian
+    handler(1, 2, three=3)
+    assert calls == [((1, 2), {"three": 3})]
+    assert handler.regions == 1
+    assert type(handler).native_handler is not None  # the table UAM's core looks for
+
+
+def test_misuse_raises_naming_the_problem(native: ModuleType) -> None:
+    with pytest.raises(TypeError, match="callable"):
+        native.ScalarReadHandler(3)
+    handler = native.ScalarReadHandler(print)
+    with pytest.raises(ValueError, match=r"0\.\.255"):
+        handler.reply_handler = 256
+    with pytest.raises(TypeError, match="2 arguments"):
+        handler.add_region(b"")
+    with pytest.raises(TypeError):
+        handler.add_region(3, 8)  # not a buffer
+    for _ in range(256):
+        handler.add_region(b"12345678", 8)
+    with pytest.raises(ValueError, match="256 regions"):
+        handler.add_region(b"12345678", 8)
+    with pytest.raises(ValueError, match="32 bits"):
+        handler.answer(2**32)
+    with pytest.raises(TypeError, match="at most 4"):
+        handler.answer(1, 2, 3, 4, 5)
+
+
+class Bridge(FakeAm):
+    """The Split-C rank's service: its replies go to the machine whose request is being
+    handled, as UamService.reply does from inside a poll."""
+
+    def __init__(self, service: Any) -> None:
+        super().__init__()
+        self.service = service
+
+    def reply(self, handler: int, *args: int) -> None:
+        service = self.service
+        machine: UamMachine = service._current_machine
+        machine.reply(service._current_token, handler, args, service._poll_now)
+        service._current_machine = None
+
+
+def test_uams_express_poll_answers_reads_natively_with_the_same_datagrams(
+    native: ModuleType,
+    forms: dict[str, tuple[type[UamMachine], Any]],  # noqa: F811 - the fixture
+) -> None:
+    """Side a reads (and writes) side b's region; b's handler 5 is the C handler.  On the C
+    machines b's express poll answers the reads itself; on the reference the handler is
+    called for each.  The rings carry the same bytes and a's reply handler (3) sees the same
+    words; the C form's fallback ran only for what the table declined."""
+    array = np.arange(6, dtype=np.int64) * 7
+    requests = [
+        build_request(Request(Kind.READ, 8, 0, 1, 16)),
+        build_request(Request(Kind.READ, 8, 0, 2, 48)),  # out of bounds: the Python handler
+        build_request(Request(Kind.WRITE, 8, 0, 4, 8, bytes(range(8)))),  # the Python handler
+        build_request(Request(Kind.READ, 8, 0, 5, 40)),
+    ]  # (the window is 4)
+    seen = {}
+    for name, form in forms.items():
+        world = World(form, 4096, 256)
+        service = world.services["b"]
+        sc = SplitC(Bridge(service), 1, {0: 0})  # type: ignore[arg-type]
+        sc._reply_handler = 3  # a's recorder
+        region = _Region(0, "x", array.copy(), 0, (6, 6))
+        sc._by_index.append(region)
+        sc._regions["x"] = region
+        fallback_calls: list[tuple[int, ...]] = []
+
+        def fallback(peer: int, *words: int, sc: SplitC = sc, log: list[Any] = fallback_calls):
+            log.append(words)
+            sc._on_request(peer, *words)
+
+        handler = native.ScalarReadHandler(fallback)
+        handler.reply_handler = 3
+        handler.add_region(region.raw, region.itemsize)
+        world.tables["b"][5] = handler
+        for words in requests:
+            world._apply(("request", "a", 5, words))
+        world._apply(("exchange", "b"))  # a sends, b polls and replies
+        world._apply(("exchange", "a"))  # b sends its replies, a polls
+        world._apply(("exchange", "b"))
+        assert world.held == {"a": [], "b": []}
+        a_log = [entry[:3] for entry in world.services["a"].log]
+        seen[name] = (
+            a_log,
+            world.rings["a"].state(),
+            world.rings["b"].state(),
+            world.machines["a"].statistics(),
+            world.machines["b"].statistics(),
+            bytes(region.raw),
+        )
+        expected_calls = requests if name == "python" else [requests[i] for i in (1, 2)]
+        assert fallback_calls == expected_calls, name
+    assert seen["c"] == seen["python"]
+    a_log = seen["c"][0]
+    assert [entry[0] for entry in a_log] == [3, 3, 3, 3]  # three answers and the write's ACK
+    assert a_log[0][2][2:] == (0x0E00_0000, 0)  # element 2 of 0, 7, 14, ... (little-endian)
