@@ -72,10 +72,11 @@ static PyObject *Handler_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 }
 
 static int Handler_traverse(Handler *self, visitproc visit, void *arg) {
+    /* The regions' exporters are not visited: the collector must never take one (a
+     * memoryview) for garbage while this holds its buffer, for a memoryview cleared with an
+     * export outstanding drops its buffer all the same and the release here would then touch
+     * freed memory.  Unvisited, they count as referenced from outside any cycle. */
     Py_VISIT(self->fallback);
-    for (Py_ssize_t i = 0; i < self->count; i++) {
-        Py_VISIT(self->regions[i].view.obj);
-    }
     return 0;
 }
 

@@ -221,3 +221,42 @@ def test_uams_express_poll_answers_reads_natively_with_the_same_datagrams(
     a_log = seen["c"][0]
     assert [entry[0] for entry in a_log] == [3, 3, 3, 3]  # three answers and the write's ACK
     assert a_log[0][2][2:] == (0x0E00_0000, 0)  # element 2 of 0, 7, 14, ... (little-endian)
+
+
+def test_a_cycle_through_the_handler_is_collected_cleanly(native: ModuleType) -> None:
+    """A rank's handler and its regions' memoryviews die together in a cycle (the fallback
+    is a bound method of the rank, which holds the regions): the collector must not clear a
+    memoryview whose buffer the handler still holds (it drops the buffer, and the handler's
+    release then touches freed memory).  Run in a child process: the failure is a crash."""
+    script = f"""
+import gc, importlib.util, sys
+import numpy as np
+spec = importlib.util.spec_from_file_location("_splitccore", {native.__file__!r})
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+errors = []
+sys.unraisablehook = lambda unraisable: errors.append(repr(unraisable.exc_value))
+
+class Rank:
+    def on_request(self, *words):
+        pass
+
+for _ in range(20):
+    # The memoryviews first: the collector clears in the order it tracks, and the crash
+    # needs one cleared before the rank lets go of the handler.
+    raws = [np.arange(4, dtype=np.int64).view(np.uint8).data for _ in range(3)]
+    rank = Rank()
+    rank.raws = raws
+    rank.handler = module.ScalarReadHandler(rank.on_request)
+    for raw in raws:
+        rank.handler.add_region(raw, 8)
+    del rank, raws, raw
+    gc.collect()
+print(errors)
+"""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
