@@ -100,13 +100,15 @@ HOT_MODULES: tuple[str, ...] = (
 #: C extensions built into the copy beside them, relative to the package: the shm ring's
 #: per-message core and the UAM machine's core (their Python references, ring_core.py and
 #: machine_core.py, run where they are not built), and Split-C's request handler that answers
-#: scalar reads in UAM's express poll (where it is not built, the runtime's Python handler).
+#: scalar reads in UAM's express poll (where it is not built, the runtime's Python handler),
+#: and the cheap half of a trio cancellation point (reference: ``polled.cancelled``).
 #: (machine.py is not in HOT_MODULES: its class derives from the core, a C type in the copy,
 #: which mypyc cannot compile a class on.)
 C_EXTENSIONS: tuple[str, ...] = (
     "transports/shm/_ringcore.c",
     "layers/uam/_uamcore.c",
     "layers/splitc/_splitccore.c",
+    "unet/_trioprobe.c",
 )
 ENVIRONMENT = "STACKLIB_COMPILED"
 #: Compiled copies kept after a build: the new one and the most recently built others (each
