@@ -7,8 +7,12 @@
  * (SplitC._on_request, the reference, which every other request takes), and its
  * `native_handler` table (stacklib/layers/uam/native_handler.h) lets the UAM core's express
  * poll answer a well-formed read of one whole element of a scalar region itself, with the
- * reply the Python handler's fast path makes: the same words, nothing else changed
- * (tests/layers/splitc/test_splitc_native.py compares them).  `stacklib compile` builds it
+ * reply the Python handler's fast path makes: the same words, nothing else changed.  Made
+ * with the rank's table of operations (`ops`), the same type is the reader's reply handler:
+ * it calls SplitC._on_reply, and its table completes a VALUE or ACK with status OK for an
+ * operation outstanding as that handler's fast path does (the operation leaves the table,
+ * its Pending's _complete gets the value's bytes).  tests/layers/splitc/test_splitc_native.py
+ * compares both with the Python handlers.  `stacklib compile` builds it
  * into the compiled copy; without it the runtime registers its Python handler alone.
  *
  * Words (stacklib/layers/splitc/wire.py): a read request is (READ << 28 | size << 24 |
@@ -25,6 +29,7 @@
 
 #define READ_CODE 1u
 #define VALUE_CODE 5u
+#define ACK_CODE 6u
 #define MAX_REGIONS 256
 
 typedef struct {
@@ -36,10 +41,13 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *fallback; /* the Python handler */
+    PyObject *ops;      /* the reply handler's: the rank's operations by op id; NULL: requests */
     long reply_handler; /* the reply's handler index; -1: not set (every request declined) */
     Py_ssize_t count;
     Region regions[MAX_REGIONS];
 } Handler;
+
+static PyObject *s_complete;
 
 static PyObject *Handler_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
                                     PyObject *kwnames) {
@@ -47,9 +55,17 @@ static PyObject *Handler_vectorcall(PyObject *callable, PyObject *const *args, s
 }
 
 static PyObject *Handler_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    PyObject *fallback;
-    static char *names[] = {"fallback", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:ScalarReadHandler", names, &fallback)) {
+    PyObject *fallback, *ops = Py_None;
+    static char *names[] = {"fallback", "ops", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O:ScalarReadHandler", names, &fallback,
+                                     &ops)) {
+        return NULL;
+    }
+    if (ops != Py_None && !PyDict_CheckExact(ops)) {
+        PyErr_Format(PyExc_TypeError,
+                     "ScalarReadHandler(fallback, ops): ops must be the rank's dict of "
+                     "operations by op id (or None for the request handler), not %.100s",
+                     Py_TYPE(ops)->tp_name);
         return NULL;
     }
     if (!PyCallable_Check(fallback)) {
@@ -66,6 +82,10 @@ static PyObject *Handler_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->vectorcall = Handler_vectorcall;
     Py_INCREF(fallback);
     self->fallback = fallback;
+    if (ops != Py_None) {
+        Py_INCREF(ops);
+        self->ops = ops;
+    }
     self->reply_handler = -1;
     self->count = 0;
     return (PyObject *)self;
@@ -77,11 +97,13 @@ static int Handler_traverse(Handler *self, visitproc visit, void *arg) {
      * export outstanding drops its buffer all the same and the release here would then touch
      * freed memory.  Unvisited, they count as referenced from outside any cycle. */
     Py_VISIT(self->fallback);
+    Py_VISIT(self->ops);
     return 0;
 }
 
 static int Handler_clear(Handler *self) {
     Py_CLEAR(self->fallback);
+    Py_CLEAR(self->ops);
     for (Py_ssize_t i = 0; i < self->count; i++) {
         PyBuffer_Release(&self->regions[i].view);
     }
@@ -122,7 +144,7 @@ static PyObject *Handler_add_region(Handler *self, PyObject *const *args, Py_ssi
 static int native_request(PyObject *object, const uint32_t *words, Py_ssize_t nwords,
                           long *reply_handler, uint32_t reply[4]) {
     Handler *self = (Handler *)object;
-    if (nwords != 4 || self->reply_handler < 0) {
+    if (nwords != 4 || self->reply_handler < 0 || self->ops != NULL) {
         return NH_DECLINED;
     }
     uint32_t first = words[0];
@@ -147,6 +169,74 @@ static int native_request(PyObject *object, const uint32_t *words, Py_ssize_t nw
                value[7];
     *reply_handler = self->reply_handler;
     return NH_REPLIED;
+}
+
+/* The native table's reply: a VALUE or ACK with status OK for an operation outstanding,
+ * completed with the value's bytes (the Python handler's fast path): the operation leaves
+ * the rank's table and its Pending's _complete(raw) is called. */
+static int native_reply(PyObject *object, const uint32_t *words, Py_ssize_t nwords) {
+    Handler *self = (Handler *)object;
+    if (nwords != 4 || self->ops == NULL) {
+        return NH_DECLINED;
+    }
+    uint32_t first = words[0];
+    uint32_t code = first >> 28, size = (first >> 24) & 0xF;
+    if (code < VALUE_CODE || code > ACK_CODE || ((first >> 16) & 0xFF) != 0 ||
+        !((size > 0 && size <= 8 && !(size & (size - 1))) || (size == 0 && code == ACK_CODE))) {
+        return NH_DECLINED;
+    }
+    PyObject *op = PyLong_FromUnsignedLong(first & 0xFFFF);
+    if (op == NULL) {
+        return NH_ERROR;
+    }
+    PyObject *pending = PyDict_GetItemWithError(self->ops, op);
+    if (pending == NULL) {
+        Py_DECREF(op);
+        return PyErr_Occurred() ? NH_ERROR : NH_DECLINED;
+    }
+    Py_INCREF(pending);
+    int failed = PyDict_DelItem(self->ops, op);
+    Py_DECREF(op);
+    unsigned char value[8];
+    for (int i = 0; i < 4; i++) {
+        value[i] = (unsigned char)(words[2] >> (24 - 8 * i));
+        value[4 + i] = (unsigned char)(words[3] >> (24 - 8 * i));
+    }
+    PyObject *raw = failed ? NULL : PyBytes_FromStringAndSize((const char *)value, size);
+    PyObject *done = raw == NULL ? NULL : PyObject_CallMethodOneArg(pending, s_complete, raw);
+    Py_XDECREF(raw);
+    Py_DECREF(pending);
+    if (done == NULL) {
+        return NH_ERROR;
+    }
+    Py_DECREF(done);
+    return NH_HANDLED;
+}
+
+/* answer_reply(*words): whether the native table took this reply, for tests. */
+static PyObject *Handler_answer_reply(Handler *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs > 4) {
+        PyErr_Format(PyExc_TypeError, "answer_reply(*words) takes at most 4 words (%zd given)",
+                     nargs);
+        return NULL;
+    }
+    uint32_t words[4];
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        unsigned long value = PyLong_AsUnsignedLong(args[i]);
+        if (value == (unsigned long)-1 && PyErr_Occurred()) {
+            return NULL;
+        }
+        if (value > 0xFFFFFFFFUL) {
+            PyErr_SetString(PyExc_ValueError, "answer_reply(*words): a word is 32 bits");
+            return NULL;
+        }
+        words[i] = (uint32_t)value;
+    }
+    int done = native_reply((PyObject *)self, words, nargs);
+    if (done == NH_ERROR) {
+        return NULL;
+    }
+    return PyBool_FromLong(done == NH_HANDLED);
 }
 
 /* answer(*words): what the native table answers a request of these words, for tests:
@@ -199,6 +289,12 @@ static PyObject *Handler_get_regions(Handler *self, void *closure) {
     return PyLong_FromSsize_t(self->count);
 }
 
+static PyObject *Handler_get_ops(Handler *self, void *closure) {
+    PyObject *ops = self->ops == NULL ? Py_None : self->ops;
+    Py_INCREF(ops);
+    return ops;
+}
+
 static PyObject *Handler_get_fallback(Handler *self, void *closure) {
     Py_INCREF(self->fallback);
     return self->fallback;
@@ -208,7 +304,9 @@ static PyGetSetDef Handler_getset[] = {
     {"reply_handler", (getter)Handler_get_reply_handler, (setter)Handler_set_reply_handler,
      "The reply's handler index (-1 until set: every request declined).", NULL},
     {"regions", (getter)Handler_get_regions, NULL, "How many regions were added.", NULL},
-    {"fallback", (getter)Handler_get_fallback, NULL, "The Python request handler.", NULL},
+    {"fallback", (getter)Handler_get_fallback, NULL, "The Python handler.", NULL},
+    {"ops", (getter)Handler_get_ops, NULL,
+     "The reply handler's table of operations (None: the request handler).", NULL},
     {NULL},
 };
 
@@ -217,6 +315,8 @@ static PyMethodDef Handler_methods[] = {
      "add_region(buffer, itemsize): the next region's bytes and element size; its index."},
     {"answer", (PyCFunction)(void (*)(void))Handler_answer, METH_FASTCALL,
      "answer(*words): the native table's answer, (handler, words) or None (for tests)."},
+    {"answer_reply", (PyCFunction)(void (*)(void))Handler_answer_reply, METH_FASTCALL,
+     "answer_reply(*words): whether the native table took this reply (for tests)."},
     {NULL},
 };
 
@@ -236,7 +336,7 @@ static PyTypeObject HandlerType = {
     .tp_getset = Handler_getset,
 };
 
-static NativeHandlerAPI native_api = {&HandlerType, native_request};
+static NativeHandlerAPI native_api = {&HandlerType, native_request, native_reply};
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
@@ -246,7 +346,8 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__splitccore(void) {
-    if (PyType_Ready(&HandlerType) < 0) {
+    if ((s_complete = PyUnicode_InternFromString("_complete")) == NULL ||
+        PyType_Ready(&HandlerType) < 0) {
         return NULL;
     }
     PyObject *capsule = PyCapsule_New(&native_api, NATIVE_HANDLER_CAPSULE, NULL);

@@ -72,7 +72,7 @@ __all__ = [
 _OPS: Final = 1 << 16  #: op ids are 16 bits (wire.py)
 
 
-def _native_reads() -> Callable[[Callable[..., None]], Any] | None:
+def _native_reads() -> Callable[..., Any] | None:
     try:  # built by ``stacklib compile`` into the compiled copy only
         from stacklib.layers.splitc._splitccore import ScalarReadHandler
     except ImportError:
@@ -383,16 +383,20 @@ class SplitC(Service):
         #: Virtual (or wall) seconds spent in :meth:`compute`.
         self.compute_time = 0.0
         # The scalar paths name their handlers by index: a name is a lookup per message.
-        # Over UAM, with the C extension built, the request handler is an object that calls
-        # _on_request and whose C table lets UAM's express poll answer a scalar read without
-        # a Python call (the reply _on_request's fast path makes).
+        # Over UAM, with the C extension built, the two handlers are objects that call
+        # _on_request and _on_reply and whose C tables let UAM's express poll answer a scalar
+        # read and complete its reply without a Python call (what the fast paths do).
         self._native: Any = None
+        native_reply: Any = None
         if _NATIVE_READS is not None and isinstance(am, UamService):
             self._native = _NATIVE_READS(self._on_request)
+            native_reply = _NATIVE_READS(self._on_reply, self._ops)
         self._request_handler = am.register_handler(
             self._on_request if self._native is None else self._native, name=_H_REQUEST
         )
-        self._reply_handler = am.register_handler(self._on_reply, name=_H_REPLY)
+        self._reply_handler = am.register_handler(
+            self._on_reply if native_reply is None else native_reply, name=_H_REPLY
+        )
         if self._native is not None:
             self._native.reply_handler = self._reply_handler
         # ... and call the service's sends through bound methods taken once, or, over UAM,

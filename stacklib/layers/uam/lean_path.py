@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 import trio
@@ -85,7 +86,9 @@ class LeanPath(ExecutionPath):
         self.express = True
         # The express lane (stacklib.unet.express), where the endpoint lends its queues.
         self._lends = type(endpoint).express_rx is not Endpoint.express_rx
-        self._clock = service._now
+        # The clock the express poll reads: trio's default clock as its offset from
+        # perf_counter (the C core reads it itself), set at start, when the run's clock is known.
+        self._clock: Callable[[], float] | float = service._now
 
     @property
     def spin(self) -> float | None:
@@ -108,6 +111,8 @@ class LeanPath(ExecutionPath):
 
     def start(self) -> list[Task]:
         """The receive task and the pump, and the poller with ``background_poll``."""
+        offset = self.service._offset
+        self._clock = self.service._now if offset is None else offset
         tasks: list[Task] = [(self._receive, "uam receive"), (self._pump, "uam pump")]
         if self.service._params.background_poll:
             tasks.append((self.poller, "uam poller"))
@@ -203,10 +208,7 @@ class LeanPath(ExecutionPath):
         done = False
         taken = 0
         try:
-            # trio's default clock as its offset: the C core reads the clock itself.
-            offset = service._offset
-            clock = self._clock if offset is None else offset
-            taken = machine.express_poll(rx, clock, service._handlers, service, peer)
+            taken = machine.express_poll(rx, self._clock, service._handlers, service, peer)
             done = True
         finally:
             service._current_machine = None

@@ -129,7 +129,8 @@ static int answer_natively(Core *self, NativeHandlerAPI *api, PyObject *handler,
         in[i] = (uint32_t)value;
     }
     long reply_handler = -1;
-    if (api->request(handler, in, nwords, &reply_handler, out) != NH_REPLIED ||
+    if (api->request == NULL ||
+        api->request(handler, in, nwords, &reply_handler, out) != NH_REPLIED ||
         reply_handler < 0 || reply_handler > 255) {
         return 0;
     }
@@ -154,6 +155,25 @@ static int answer_natively(Core *self, NativeHandlerAPI *api, PyObject *handler,
     int failed = assign(self, reply, now);
     Py_DECREF(reply);
     return failed < 0 ? -1 : 1;
+}
+
+/* Let handler's native table take the reply whose words are `words` (a tuple of exact ints):
+ * 1 handled, 0 declined (call the handler), -1 error. */
+static int reply_natively(NativeHandlerAPI *api, PyObject *handler, PyObject *words) {
+    Py_ssize_t nwords = PyTuple_GET_SIZE(words);
+    if (api->reply == NULL || nwords > MAX_ARGS) {
+        return 0;
+    }
+    uint32_t in[MAX_ARGS];
+    for (Py_ssize_t i = 0; i < nwords; i++) {
+        long value = small_value(PyTuple_GET_ITEM(words, i), WORD_MAX);
+        if (value < 0) {
+            return 0;
+        }
+        in[i] = (uint32_t)value;
+    }
+    int done = api->reply(handler, in, nwords);
+    return done == NH_ERROR ? -1 : done == NH_HANDLED;
 }
 
 /* service.<name> += 1 (a rare count kept by the service). */
@@ -190,12 +210,14 @@ static int run_item(Core *self, PyObject *item, PyObject *handlers, PyObject *se
         Py_DECREF(handler);
         return count_on(service, s_unknown_handler);
     }
-    int request = PyLong_AsLong(PyTuple_GET_ITEM(item, 0)) == T_REQUEST;
-    if (request && PyTuple_CheckExact(PyTuple_GET_ITEM(item, 2))) {
+    long kind = PyLong_AsLong(PyTuple_GET_ITEM(item, 0));
+    int request = kind == T_REQUEST;
+    if (PyTuple_CheckExact(PyTuple_GET_ITEM(item, 2))) {
         NativeHandlerAPI *api = native_handler_of(handler);
         int answered = api == NULL ? (PyErr_Occurred() ? -1 : 0)
-                                   : answer_natively(self, api, handler,
-                                                     PyTuple_GET_ITEM(item, 2), now);
+                       : request   ? answer_natively(self, api, handler,
+                                                     PyTuple_GET_ITEM(item, 2), now)
+                                   : reply_natively(api, handler, PyTuple_GET_ITEM(item, 2));
         if (answered != 0) {
             Py_DECREF(handler);
             return answered < 0 ? -1 : 0;

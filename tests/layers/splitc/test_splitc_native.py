@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stacklib.layers.splitc import SplitC
-from stacklib.layers.splitc.runtime import _Region
+from stacklib.layers.splitc.runtime import Pending, _Region
 from stacklib.layers.splitc.wire import Kind, Request, build_request
 from stacklib.layers.uam.machine import UamMachine
 from tests.c_extension import load_c_extension
@@ -114,6 +114,70 @@ def test_the_native_answer_is_the_python_handlers_reply(
     assert (answer is not None) == python_fast_path_answers(sc, words)
 
 
+@st.composite
+def replies(draw: st.DrawFn, ops: list[int]) -> tuple[int, ...]:
+    """VALUE and ACK replies (and other codes) of every size, status OK and refusals, for
+    operations outstanding and others; and any words."""
+    if draw(st.integers(0, 4)) == 0:
+        return tuple(draw(st.lists(word, max_size=4)))
+    code = draw(st.sampled_from([5, 6, 5, 6, 1, 7, 15]))
+    size = draw(st.sampled_from([0, 1, 2, 4, 8, 3, 9, 15]))
+    status = draw(st.sampled_from([0, 0, 0, 1, 2, 255]))
+    op = draw(st.sampled_from(ops) | st.integers(0, 0xFFFF))
+    return ((code << 28) | (size << 24) | (status << 16) | op, draw(word), draw(word), draw(word))
+
+
+def python_reply_fast_path_takes(sc: SplitC, words: tuple[int, ...]) -> bool:
+    """Whether the Python reply handler's fast path completes an operation with ``words``."""
+    if len(words) != 4:
+        return False
+    first = words[0]
+    code, size = first >> 28, (first >> 24) & 0xF
+    return (
+        5 <= code <= 6
+        and (first >> 16) & 0xFF == 0
+        and ((0 < size <= 8 and not size & (size - 1)) or (size == 0 and code == 6))
+        and first & 0xFFFF in sc._ops
+    )
+
+
+def outcome(sc: SplitC, pendings: list[Any]) -> object:
+    return (
+        sorted(sc._ops),
+        sc.counters,
+        sc._errors and [str(error) for error in sc._errors],
+        [(p.done, p._raw, None if p.error is None else str(p.error)) for p in pendings],
+    )
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int16, np.float32, np.uint8], ids=str)
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_the_native_reply_completes_as_the_python_handler_does(
+    native: ModuleType, dtype: Any, data: st.DataObject
+) -> None:
+    """Two identical readers with the same reads outstanding take the same replies: one
+    through the C reply handler (its table, and its call where the table declines, as UAM's
+    core does), the other through the Python handler; their operations, counters, errors and
+    completed values must be equal."""
+    arrays = [values(dtype)]
+    (sc_c, _, _), (sc_py, am_py, _) = ranks(native, arrays), ranks(native, arrays)
+    handler = native.ScalarReadHandler(sc_c._on_reply, sc_c._ops)
+    assert handler.ops is sc_c._ops
+    pendings_c = [sc_c.get_nowait(sc_c.ptr(1, "r0", i)) for i in range(3)]
+    pendings_py = [sc_py.get_nowait(sc_py.ptr(1, "r0", i)) for i in range(3)]
+    ops = [request[2] & 0xFFFF for request in am_py.requests]
+    for words in data.draw(st.lists(replies(ops), min_size=1, max_size=5)):
+        fast = python_reply_fast_path_takes(sc_py, words)
+        taken = handler.answer_reply(*words)
+        assert taken == fast
+        if not taken:
+            handler(7, *words)  # declined: the core calls the handler object
+        sc_py._on_reply(7, *words)
+        assert outcome(sc_c, pendings_c) == outcome(sc_py, pendings_py)
+    assert handler.answer(*build_request(Request(Kind.READ, 8, 0, 1, 0))) is None  # not a reader
+
+
 def test_the_handler_calls_its_fallback_and_declines_until_it_knows_the_reply_handler(
     native: ModuleType,
 ) -> None:
@@ -134,6 +198,9 @@ def test_the_handler_calls_its_fallback_and_declines_until_it_knows_the_reply_ha
 def test_misuse_raises_naming_the_problem(native: ModuleType) -> None:
     with pytest.raises(TypeError, match="callable"):
         native.ScalarReadHandler(3)
+    with pytest.raises(TypeError, match="dict of operations"):
+        native.ScalarReadHandler(print, [])
+    assert native.ScalarReadHandler(print).answer_reply(0x5800_0000, 0, 0, 0) is False
     handler = native.ScalarReadHandler(print)
     with pytest.raises(ValueError, match=r"0\.\.255"):
         handler.reply_handler = 256
@@ -170,14 +237,15 @@ def test_uams_express_poll_answers_reads_natively_with_the_same_datagrams(
     native: ModuleType,
     forms: dict[str, tuple[type[UamMachine], Any]],  # noqa: F811 - the fixture
 ) -> None:
-    """Side a reads (and writes) side b's region; b's handler 5 is the C handler.  On the C
-    machines b's express poll answers the reads itself; on the reference the handler is
-    called for each.  The rings carry the same bytes and a's reply handler (3) sees the same
-    words; the C form's fallback ran only for what the table declined."""
+    """Side a reads (and writes) side b's region: b's request handler 5 and a's reply handler
+    3 are the C handlers.  On the C machines the express polls answer the reads and complete
+    the replies themselves; on the reference the handlers are called for each.  The rings
+    carry the same bytes and a's operations complete alike; the C form's fallbacks ran only
+    for what the tables declined."""
     array = np.arange(6, dtype=np.int64) * 7
     requests = [
         build_request(Request(Kind.READ, 8, 0, 1, 16)),
-        build_request(Request(Kind.READ, 8, 0, 2, 48)),  # out of bounds: the Python handler
+        build_request(Request(Kind.READ, 8, 0, 2, 48)),  # out of bounds: the Python handlers
         build_request(Request(Kind.WRITE, 8, 0, 4, 8, bytes(range(8)))),  # the Python handler
         build_request(Request(Kind.READ, 8, 0, 5, 40)),
     ]  # (the window is 4)
@@ -186,7 +254,7 @@ def test_uams_express_poll_answers_reads_natively_with_the_same_datagrams(
         world = World(form, 4096, 256)
         service = world.services["b"]
         sc = SplitC(Bridge(service), 1, {0: 0})  # type: ignore[arg-type]
-        sc._reply_handler = 3  # a's recorder
+        sc._reply_handler = 3  # a's reply handler
         region = _Region(0, "x", array.copy(), 0, (6, 6))
         sc._by_index.append(region)
         sc._regions["x"] = region
@@ -200,27 +268,45 @@ def test_uams_express_poll_answers_reads_natively_with_the_same_datagrams(
         handler.reply_handler = 3
         handler.add_region(region.raw, region.itemsize)
         world.tables["b"][5] = handler
+        # a: the reader, its four operations outstanding (as get_nowait and put leave them)
+        reader = SplitC(Bridge(world.services["a"]), 0, {1: 1})  # type: ignore[arg-type]
+        mine = _Region(0, "x", np.zeros(6, np.int64), 0, (6, 6))
+        reader._by_index.append(mine)
+        reader._regions["x"] = mine
+        pendings = {op: Pending("get", op, mine.dtype, mine.decode) for op in (1, 2, 5)}
+        pendings[4] = Pending("put", 4)
+        reader._ops.update(pendings)
+        reply_calls: list[tuple[int, ...]] = []
+
+        def on_reply(peer: int, *words: int, sc: SplitC = reader, log: list[Any] = reply_calls):
+            log.append(words)
+            sc._on_reply(peer, *words)
+
+        world.tables["a"][3] = native.ScalarReadHandler(on_reply, reader._ops)
         for words in requests:
             world._apply(("request", "a", 5, words))
         world._apply(("exchange", "b"))  # a sends, b polls and replies
         world._apply(("exchange", "a"))  # b sends its replies, a polls
         world._apply(("exchange", "b"))
         assert world.held == {"a": [], "b": []}
-        a_log = [entry[:3] for entry in world.services["a"].log]
         seen[name] = (
-            a_log,
+            {op: (p.done, p._raw, str(p.error)) for op, p in pendings.items()},
             world.rings["a"].state(),
             world.rings["b"].state(),
             world.machines["a"].statistics(),
             world.machines["b"].statistics(),
             bytes(region.raw),
+            reader.counters,
         )
-        expected_calls = requests if name == "python" else [requests[i] for i in (1, 2)]
-        assert fallback_calls == expected_calls, name
+        if name == "python":
+            assert fallback_calls == requests and len(reply_calls) == 4
+        else:  # the tables declined the read out of bounds (both halves) and the write
+            assert fallback_calls == [requests[1], requests[2]]
+            assert [words[0] & 0xFFFF for words in reply_calls] == [2]
     assert seen["c"] == seen["python"]
-    a_log = seen["c"][0]
-    assert [entry[0] for entry in a_log] == [3, 3, 3, 3]  # three answers and the write's ACK
-    assert a_log[0][2][2:] == (0x0E00_0000, 0)  # element 2 of 0, 7, 14, ... (little-endian)
+    assert not reader._ops and pendings[1].value == 14 and pendings[5].value == 35
+    assert pendings[4].done and pendings[4].error is None
+    assert "out of bounds" in str(pendings[2].error)
 
 
 def test_a_cycle_through_the_handler_is_collected_cleanly(native: ModuleType) -> None:
