@@ -186,9 +186,7 @@ static int on_ack(Core *self, long ack, double now) {
             self->credits_used -= 1;
         }
     }
-    if (PyList_SetSlice(unacked, 0, count, NULL) < 0) {
-        return -1;
-    }
+    drop_front(unacked, count);
     self->retries = 0;
     if (PyList_GET_SIZE(unacked)) {
         self->deadline = now + self->rto;
@@ -395,9 +393,7 @@ static int receive_small(Core *self, const unsigned char *p, Py_ssize_t size, do
             if (out->credit) {
                 self->credits_used -= 1;
             }
-            if (PyList_SetSlice(unacked, 0, 1, NULL) < 0) {
-                return -1;
-            }
+            drop_front(unacked, 1);
             self->retries = 0;
             if (length > 1) {
                 self->deadline = now + self->rto;
