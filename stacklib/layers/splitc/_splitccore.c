@@ -213,24 +213,34 @@ static int native_reply(PyObject *object, const uint32_t *words, Py_ssize_t nwor
     return NH_HANDLED;
 }
 
-/* answer_reply(*words): whether the native table took this reply, for tests. */
-static PyObject *Handler_answer_reply(Handler *self, PyObject *const *args, Py_ssize_t nargs) {
+/* The test entries' words: at most 4, each 32 bits, into words[]; -1 with an exception
+ * naming `what` otherwise. */
+static int parse_words(const char *what, PyObject *const *args, Py_ssize_t nargs,
+                       uint32_t words[4]) {
     if (nargs > 4) {
-        PyErr_Format(PyExc_TypeError, "answer_reply(*words) takes at most 4 words (%zd given)",
+        PyErr_Format(PyExc_TypeError, "%s(*words) takes at most 4 words (%zd given)", what,
                      nargs);
-        return NULL;
+        return -1;
     }
-    uint32_t words[4];
     for (Py_ssize_t i = 0; i < nargs; i++) {
         unsigned long value = PyLong_AsUnsignedLong(args[i]);
         if (value == (unsigned long)-1 && PyErr_Occurred()) {
-            return NULL;
+            return -1;
         }
         if (value > 0xFFFFFFFFUL) {
-            PyErr_SetString(PyExc_ValueError, "answer_reply(*words): a word is 32 bits");
-            return NULL;
+            PyErr_Format(PyExc_ValueError, "%s(*words): a word is 32 bits", what);
+            return -1;
         }
         words[i] = (uint32_t)value;
+    }
+    return 0;
+}
+
+/* answer_reply(*words): whether the native table took this reply, for tests. */
+static PyObject *Handler_answer_reply(Handler *self, PyObject *const *args, Py_ssize_t nargs) {
+    uint32_t words[4];
+    if (parse_words("answer_reply", args, nargs, words) < 0) {
+        return NULL;
     }
     int done = native_reply((PyObject *)self, words, nargs);
     if (done == NH_ERROR) {
@@ -242,22 +252,9 @@ static PyObject *Handler_answer_reply(Handler *self, PyObject *const *args, Py_s
 /* answer(*words): what the native table answers a request of these words, for tests:
  * (reply handler, (four reply words)) or None (declined: the fallback would be called). */
 static PyObject *Handler_answer(Handler *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs > 4) {
-        PyErr_Format(PyExc_TypeError, "answer(*words) takes at most 4 words (%zd given)",
-                     nargs);
-        return NULL;
-    }
     uint32_t words[4], reply[4];
-    for (Py_ssize_t i = 0; i < nargs; i++) {
-        unsigned long value = PyLong_AsUnsignedLong(args[i]);
-        if (value == (unsigned long)-1 && PyErr_Occurred()) {
-            return NULL;
-        }
-        if (value > 0xFFFFFFFFUL) {
-            PyErr_SetString(PyExc_ValueError, "answer(*words): a word is 32 bits");
-            return NULL;
-        }
-        words[i] = (uint32_t)value;
+    if (parse_words("answer", args, nargs, words) < 0) {
+        return NULL;
     }
     long handler = -1;
     if (native_request((PyObject *)self, words, nargs, &handler, reply) != NH_REPLIED) {

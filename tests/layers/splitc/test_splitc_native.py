@@ -212,10 +212,11 @@ def test_misuse_raises_naming_the_problem(native: ModuleType) -> None:
         handler.add_region(b"12345678", 8)
     with pytest.raises(ValueError, match="256 regions"):
         handler.add_region(b"12345678", 8)
-    with pytest.raises(ValueError, match="32 bits"):
-        handler.answer(2**32)
-    with pytest.raises(TypeError, match="at most 4"):
-        handler.answer(1, 2, 3, 4, 5)
+    for entry in ("answer", "answer_reply"):
+        with pytest.raises(ValueError, match=rf"^{entry}\(\*words\): a word is 32 bits"):
+            getattr(handler, entry)(2**32)
+        with pytest.raises(TypeError, match=rf"^{entry}\(\*words\) takes at most 4"):
+            getattr(handler, entry)(1, 2, 3, 4, 5)
 
 
 class Bridge(FakeAm):
