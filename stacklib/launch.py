@@ -41,19 +41,21 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import attrs
 
 from stacklib.errors import StacklibError
 from stacklib.unet.endpoint import Endpoint, EndpointConfig
 from stacklib.unet.node import Node
+from stacklib.unet.polled import yield_when_idle
 
 if TYPE_CHECKING:
     from stacklib.transports.xdp import XdpNetwork
 
 __all__ = [
     "LAUNCHER_VARIABLES",
+    "OVERSUBSCRIBED_SPIN",
     "LaunchError",
     "Rank",
     "bootstrap",
@@ -62,6 +64,7 @@ __all__ = [
     "publish",
     "rank_from_environment",
     "shm_spin_time",
+    "shm_wait_policy",
     "spawn",
     "usable_cpus",
     "wait_for",
@@ -162,7 +165,10 @@ def bootstrap(
     default = "shm" if launcher == "stacklib spawn" else "udp"
     transport = env.get("STACKLIB_TRANSPORT", default)
     if transport == "shm":
-        return _bootstrap_shm(rank, size, rendezvous, config, shm_spin_time(size, env))
+        spin, yielding = shm_wait_policy(size, env)
+        if yielding:
+            yield_when_idle(True)
+        return _bootstrap_shm(rank, size, rendezvous, config, spin)
     if transport == "udp":
         return _bootstrap_udp(rank, size, rendezvous, env.get("STACKLIB_HOST"), timeout, config)
     if transport in ("ether", "xdp"):
@@ -184,14 +190,27 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def shm_spin_time(size: int, env: Mapping[str, str] | None = None) -> float:
-    """How long a rank's blocking calls over shm spin before sleeping, with ``size`` ranks on
-    this host: ``STACKLIB_SPIN_US`` if set; else shm's default while every rank can have a CPU
-    of its own, and no spin once the ranks outnumber the CPUs, where a spinning rank holds the
-    CPU that the rank it waits for needs (docs/launching.md has the measurements)."""
+#: How long a shm rank spins before it sleeps when the ranks outnumber its CPUs; it gives the
+#: CPU away after every empty poll meanwhile (:func:`~stacklib.unet.polled.yield_when_idle`).
+OVERSUBSCRIBED_SPIN: Final = 2e-3
+
+
+def shm_wait_policy(size: int, env: Mapping[str, str] | None = None) -> tuple[float, bool]:
+    """How a rank's blocking calls over shm wait, with ``size`` ranks on this host: (seconds
+    they spin before sleeping, whether each empty poll gives the CPU away).
+
+    While every rank can have a CPU of its own: shm's default spin, the CPU given away every
+    64th empty poll.  Once the ranks outnumber the CPUs: :data:`OVERSUBSCRIBED_SPIN`, the CPU
+    given away after every empty poll, so the rank waited for runs at once and the waiting
+    rank answers without a wake-up (an MPI library's policy on an oversubscribed node;
+    docs/launching.md has the measurements).  ``STACKLIB_SPIN_US`` (microseconds, 0: no spin)
+    and ``STACKLIB_YIELD_WHEN_IDLE`` (0 or 1) override either.
+    """
     from stacklib.transports.shm import SPIN_TIME
 
     env = os.environ if env is None else env
+    oversubscribed = size > usable_cpus()
+    spin = OVERSUBSCRIBED_SPIN if oversubscribed else SPIN_TIME
     text = env.get("STACKLIB_SPIN_US")
     if text:
         try:
@@ -200,8 +219,19 @@ def shm_spin_time(size: int, env: Mapping[str, str] | None = None) -> float:
             spin_us = -1.0
         if not spin_us >= 0:
             raise LaunchError(f"STACKLIB_SPIN_US={text!r}: microseconds >= 0 expected")
-        return spin_us * 1e-6
-    return SPIN_TIME if size <= usable_cpus() else 0.0
+        spin = spin_us * 1e-6
+    yielding = oversubscribed
+    text = env.get("STACKLIB_YIELD_WHEN_IDLE")
+    if text:
+        if text not in ("0", "1"):
+            raise LaunchError(f"STACKLIB_YIELD_WHEN_IDLE={text!r}: 0 or 1 expected")
+        yielding = text == "1"
+    return spin, yielding
+
+
+def shm_spin_time(size: int, env: Mapping[str, str] | None = None) -> float:
+    """The spin of :func:`shm_wait_policy`."""
+    return shm_wait_policy(size, env)[0]
 
 
 def _bootstrap_shm(

@@ -17,13 +17,16 @@ import trio
 from stacklib import launch
 from stacklib.launch import (
     LAUNCHER_VARIABLES,
+    OVERSUBSCRIBED_SPIN,
     LaunchError,
     bootstrap,
     program_argv,
     rank_from_environment,
     shm_spin_time,
+    shm_wait_policy,
 )
 from stacklib.transports.shm import SPIN_TIME
+from stacklib.unet import polled
 
 TIMEOUT = 30
 
@@ -146,26 +149,57 @@ def test_launcher_variables_map_to_rank_and_size() -> None:
         bootstrap({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"})
 
 
-def test_shm_ranks_spin_only_while_each_can_have_a_cpu(
+def test_shm_ranks_wait_by_whether_each_can_have_a_cpu(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert 1 <= launch.usable_cpus() <= (os.cpu_count() or 1)
     monkeypatch.setattr(launch, "usable_cpus", lambda: 2)
-    assert shm_spin_time(1, {}) == shm_spin_time(2, {}) == SPIN_TIME > 0
-    assert shm_spin_time(3, {}) == shm_spin_time(8, {}) == 0.0
-    # STACKLIB_SPIN_US decides where it is set.
-    assert shm_spin_time(8, {"STACKLIB_SPIN_US": "200"}) == pytest.approx(200e-6)
-    assert shm_spin_time(2, {"STACKLIB_SPIN_US": "0"}) == 0.0
+    # A CPU each: shm's spin, the CPU given away every 64th empty poll; more ranks than CPUs:
+    # a longer spin that gives the CPU away after every empty poll.
+    assert shm_wait_policy(1, {}) == shm_wait_policy(2, {}) == (SPIN_TIME, False)
+    assert shm_wait_policy(3, {}) == shm_wait_policy(8, {}) == (OVERSUBSCRIBED_SPIN, True)
+    assert shm_spin_time(8, {}) == OVERSUBSCRIBED_SPIN > SPIN_TIME > 0
+    # STACKLIB_SPIN_US and STACKLIB_YIELD_WHEN_IDLE decide where they are set.
+    assert shm_wait_policy(8, {"STACKLIB_SPIN_US": "200"}) == (pytest.approx(200e-6), True)
+    assert shm_wait_policy(2, {"STACKLIB_SPIN_US": "0"}) == (0.0, False)
+    assert shm_wait_policy(8, {"STACKLIB_YIELD_WHEN_IDLE": "0"})[1] is False
+    assert shm_wait_policy(2, {"STACKLIB_YIELD_WHEN_IDLE": "1"})[1] is True
     for bad in ("x", "-1", "nan"):
         with pytest.raises(LaunchError, match="STACKLIB_SPIN_US"):
             shm_spin_time(2, {"STACKLIB_SPIN_US": bad})
-    # bootstrap gives the rank's network the spin for the number of ranks.
-    for size, spin in ((2, SPIN_TIME), (4, 0.0)):
+    for bad in ("yes", "2", " 1"):
+        with pytest.raises(LaunchError, match="STACKLIB_YIELD_WHEN_IDLE"):
+            shm_wait_policy(2, {"STACKLIB_YIELD_WHEN_IDLE": bad})
+    # bootstrap gives the rank's network the spin for the number of ranks, and makes the
+    # process give the CPU away after every empty poll when the ranks outnumber the CPUs.
+    yielded: list[bool] = []
+    monkeypatch.setattr(launch, "yield_when_idle", yielded.append)
+    for size, spin in ((2, SPIN_TIME), (4, OVERSUBSCRIBED_SPIN)):
         env = {"STACKLIB_RANK": "0", "STACKLIB_SIZE": str(size)}
         env |= {"STACKLIB_RENDEZVOUS": str(tmp_path), "STACKLIB_TRANSPORT": "shm"}
         with bootstrap(env) as me:
             assert me.network.spin_time == spin
             assert me.endpoint.ni.spin_time == spin
+    assert yielded == [True]
+
+
+def test_relax_gives_the_cpu_away_every_64th_empty_poll_or_after_every_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[None] = []
+    monkeypatch.setattr(polled.os, "sched_yield", lambda: calls.append(None))
+    try:
+        for spins in range(1, 129):
+            polled.relax(spins)
+        assert len(calls) == 2  # at 64 and 128
+        polled.yield_when_idle(True)
+        for spins in range(1, 129):
+            polled.relax(spins)
+        assert len(calls) == 2 + 128
+    finally:
+        polled.yield_when_idle(False)
+    polled.relax(1)
+    assert len(calls) == 130
 
 
 def test_program_is_a_file_or_a_module(tmp_path: Path) -> None:

@@ -146,15 +146,39 @@ def cancelled() -> bool:
     return bool(task._cancel_status.effectively_cancelled)
 
 
+class _YieldPolicy:
+    """How often :func:`relax` gives the CPU away (a native attribute: read per empty poll)."""
+
+    def __init__(self) -> None:
+        self.mask = 63  # after empty polls whose count has these bits clear
+
+
+_YIELD: Final = _YieldPolicy()
+
+
+def yield_when_idle(on: bool) -> None:
+    """Make :func:`relax` give the CPU away after every empty poll (``on``) or after every
+    64th (the default), for this whole process.
+
+    For a process that shares its CPUs with more busy-polling processes than there are CPUs
+    (the ranks of a program outnumbering the cores): each empty poll then lets another
+    runnable process have the CPU at once, as an MPI library does when it finds its node
+    oversubscribed, so a rank can keep polling, and answer without a wake-up, while the rank
+    it waits for still gets the CPU it needs (docs/launching.md has the measurements).
+    """
+    _YIELD.mask = 0 if on else 63
+
+
 def relax(spins: int) -> None:
     """Call from a busy-poll loop after each empty poll, with a running count.
 
     Every 64th empty poll gives the CPU away (``sched_yield``): when both processes of a
     channel land on one CPU (2 cores and other load), the peer then runs within tens of
     microseconds instead of after a whole scheduler time slice.  Across CPUs it costs one
-    system call per 64 empty polls, and none while messages flow.
+    system call per 64 empty polls, and none while messages flow.  After
+    :func:`yield_when_idle`, every empty poll gives the CPU away.
     """
-    if spins & 63 == 0:
+    if spins & _YIELD.mask == 0:
         os.sched_yield()
 
 
