@@ -22,6 +22,7 @@ from stacklib.cli import main
 # and a buffer trace of a UDP recipe (the hook every compiled NI reads).
 PROGRAM = """
 import json, stacklib
+from stacklib.bench.real_am import splitc_read_cpu
 from stacklib.bench.splitc.cluster import run_spmd
 from stacklib.bench.splitc.programs import make_program
 from stacklib.recipes import load_recipe, run_recipe
@@ -35,11 +36,15 @@ recipes = {name: run_recipe(load_recipe(name)).rows for name in (
 recorder = TraceRecorder()
 with recorder.installed():
     run_recipe(load_recipe("udp-atm"))
+# UAM request/reply and Split-C reads over an shm pair in this process: on the copy, the C
+# cores' express lane with the compiled service (it raises on a wrong read or reply).
+real = sorted(splitc_read_cpu(100, 1))
 print(json.dumps({
     "times": [r.total for r in atm.results + fe.results],
     "ok": [r.ok for r in atm.results + fe.results],
     "recipes": recipes,
     "trace": [(r.direction, r.node, r.address, r.length) for r in recorder.records],
+    "real": real,
     "world": world.__file__,
     "compiled": stacklib.COMPILED,
 }))
@@ -71,6 +76,7 @@ def run_program(environment: dict[str, str]) -> dict[str, object]:
         capture_output=True,
         text=True,
         check=True,
+        timeout=600,  # (a reply lost for good would leave the real exchange polling)
     )
     answer: dict[str, object] = json.loads(result.stdout)
     return answer
@@ -188,6 +194,7 @@ def test_the_compiled_copy_gives_the_pure_modules_numbers(
     assert fast["times"] == pure["times"]  # the same simulation, to the last digit
     assert fast["recipes"] == pure["recipes"]
     assert fast["trace"] == pure["trace"] and pure["trace"]
+    assert fast["real"] == pure["real"] == ["share", "splitc", "uam"]
     # A process on the copy measures its benchmarks' pure rows in a spawned worker on the
     # pure modules (the worker inherits sys.path, which must not lead it into the copy).
     probe = tmp_path / "probe.py"

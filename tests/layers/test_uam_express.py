@@ -360,6 +360,36 @@ def test_a_float_clock_is_the_offset_of_trios_default_clock(
 
 
 @pytest.mark.parametrize("form", ["c", "python"])
+def test_the_current_request_is_set_through_the_services_own_descriptors(
+    forms: dict[str, tuple[type[UamMachine], Any]], form: str
+) -> None:
+    """The C lane sets the service's fields as an assignment would, through the data
+    descriptor the service's class holds for them, also when the class is not the one the
+    lane saw before (it keeps the setter it found per class)."""
+    machine, service, rx, _ = one_side(forms, form)
+    assert rx.producer.try_write(request_pdu(0, 1, 5)) == 1
+    assert poll(machine, service, rx) == 1  # plain attributes
+    seen: list[int] = []
+
+    class Watched(Service):
+        @property  # type: ignore[override]
+        def _current_peer(self) -> int:
+            peer: int = self.__dict__.get("peer", 0)
+            return peer
+
+        @_current_peer.setter
+        def _current_peer(self, value: int) -> None:
+            seen.append(value)
+            self.__dict__["peer"] = value
+
+    service.__class__ = Watched
+    assert rx.producer.try_write(request_pdu(1, 1, 6)) == 1
+    assert poll(machine, service, rx, now=6.0) == 1
+    assert seen == [7]
+    assert [entry[2:] for entry in service.log] == [((5,), "a", 0, 7, 5.0), ((6,), "a", 1, 7, 6.0)]
+
+
+@pytest.mark.parametrize("form", ["c", "python"])
 def test_a_broken_ring_stops_the_poll_after_what_came_before(
     forms: dict[str, tuple[type[UamMachine], Any]], form: str
 ) -> None:

@@ -38,6 +38,48 @@
 static PyObject *s_native_queue, *s_dispatch, *s_poll_now, *s_current_machine;
 static PyObject *s_current_token, *s_current_peer, *s_unknown_handler, *s_native_handler;
 
+/* A field of the service set without PyObject_SetAttr's lookup (some 200 instructions: the
+ * type's MRO, then the descriptor's __set__): where the service's type keeps the field in a
+ * data descriptor with a C setter (a compiled class's attribute), that setter, found once per
+ * type and version tag (a type changed since, or another type, looks again; a type without a
+ * valid tag always takes PyObject_SetAttr).  The setter checks the value's type as
+ * PyObject_SetAttr would have it checked. */
+typedef struct {
+    PyObject **name;          /* the interned attribute name */
+    PyTypeObject *type;       /* compared only, never dereferenced while stale */
+    unsigned int version;     /* type->tp_version_tag when looked up */
+    setter set;               /* NULL: PyObject_SetAttr */
+    void *closure;
+} FieldSetter;
+
+static FieldSetter set_poll_now = {&s_poll_now}, set_current_machine = {&s_current_machine},
+                   set_current_token = {&s_current_token}, set_current_peer = {&s_current_peer};
+
+static int set_field(FieldSetter *field, PyObject *object, PyObject *value) {
+    PyTypeObject *type = Py_TYPE(object);
+    if (field->type != type || field->version != type->tp_version_tag ||
+        !(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+        field->set = NULL;
+        field->type = NULL;
+        if (type->tp_setattro == PyObject_GenericSetAttr) {
+            PyObject *descriptor = _PyType_Lookup(type, *field->name); /* (borrowed) */
+            if (descriptor != NULL && Py_IS_TYPE(descriptor, &PyGetSetDescr_Type)) {
+                PyGetSetDef *def = ((PyGetSetDescrObject *)descriptor)->d_getset;
+                field->set = def->set;
+                field->closure = def->closure;
+            }
+        }
+        if (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) { /* (the lookup may assign one) */
+            field->type = type;
+            field->version = type->tp_version_tag;
+        }
+    }
+    if (field->set != NULL) {
+        return field->set(object, value, field->closure);
+    }
+    return PyObject_SetAttr(object, *field->name, value);
+}
+
 /* The table of the last queue type seen (a type's table is fetched once from its capsule). */
 static PyTypeObject *queue_type = NULL;
 static NativeQueueAPI *queue_api = NULL;
@@ -223,9 +265,9 @@ static int run_item(Core *self, PyObject *item, PyObject *handlers, PyObject *se
             return answered < 0 ? -1 : 0;
         }
     }
-    if (request && (PyObject_SetAttr(service, s_current_machine, (PyObject *)self) < 0 ||
-                    PyObject_SetAttr(service, s_current_token, PyTuple_GET_ITEM(item, 3)) < 0 ||
-                    PyObject_SetAttr(service, s_current_peer, peer) < 0)) {
+    if (request && (set_field(&set_current_machine, service, (PyObject *)self) < 0 ||
+                    set_field(&set_current_token, service, PyTuple_GET_ITEM(item, 3)) < 0 ||
+                    set_field(&set_current_peer, service, peer) < 0)) {
         Py_DECREF(handler);
         return -1;
     }
@@ -255,7 +297,7 @@ static int run_item(Core *self, PyObject *item, PyObject *handlers, PyObject *se
         return -1; /* the current request stays set, as in _run_handlers; the poll clears it */
     }
     Py_DECREF(result);
-    if (request && PyObject_SetAttr(service, s_current_machine, Py_None) < 0) {
+    if (request && set_field(&set_current_machine, service, Py_None) < 0) {
         return -1;
     }
     return 0;
@@ -331,7 +373,7 @@ static PyObject *Core_express_poll(Core *self, PyObject *const *args, Py_ssize_t
             if (!failed) {
                 now = PyFloat_AsDouble(reading);
                 failed = (now == -1.0 && PyErr_Occurred()) ||
-                         PyObject_SetAttr(service, s_poll_now, reading) < 0;
+                         set_field(&set_poll_now, service, reading) < 0;
                 Py_DECREF(reading);
             }
             if (failed) {
