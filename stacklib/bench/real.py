@@ -121,15 +121,18 @@ def shm_pingpong(iterations: int, size: int = 40, mode: str = "poll", warmup: in
                 )
             # The descriptor-free calls, as the echoing peer uses: raw U-Net at its leanest.
             send, poll = endpoint.send_payload, endpoint.poll_payload
-            spins = 0
+            # (spins: empty polls in this wait, so the CPU is given away only when the peer
+            # is slow to answer, as when it shares this CPU.)
             for _ in range(warmup):
                 send(channel, message)
+                spins = 0
                 while poll() is None:
                     spins += 1
                     relax(spins)
             start = time.perf_counter()
             for _ in range(iterations):
                 send(channel, message)
+                spins = 0
                 while poll() is None:
                     spins += 1
                     relax(spins)

@@ -107,12 +107,15 @@ async def _splitc_serve(endpoint: ShmEndpoint, channel: int, express: bool) -> N
         sc = SplitC(am, 1, {0: channel})  # handlers registered before anything can arrive
         await sc.all_register("x", np.arange(_ELEMENTS, dtype=np.int64) * 3)
         poll = am.poll
-        spins = 0
+        spins = idle = 0  # empty polls since the last arrival; in all
         while True:  # explicit polling, with a checkpoint now and then for the timers
-            if not poll():
+            if poll():
+                spins = 0
+            else:
                 spins += 1
                 relax(spins)
-                if spins & _SERVER_YIELD == 0:
+                idle += 1
+                if idle & _SERVER_YIELD == 0:
                     await trio.lowlevel.checkpoint()
 
 
@@ -138,9 +141,9 @@ async def _splitc_client(
 
 async def _polled(sc: SplitC, gp: GlobalPtr, count: int) -> None:
     get, poll = sc.get_nowait, sc.am.poll
-    spins = 0
     for index in range(count):
         pending = get(gp)
+        spins = 0  # empty polls in this wait
         while not pending.done:
             if not poll():
                 spins += 1
@@ -308,12 +311,15 @@ async def _uam_serve(
         # Explicit polling (GAM's am_poll in a loop), with a checkpoint now and then so the
         # layer's timers run.
         poll = am.poll
-        spins = 0
+        spins = idle = 0  # empty polls since the last arrival; in all
         while True:
-            if not poll():
+            if poll():
+                spins = 0
+            else:
                 spins += 1
                 relax(spins)
-                if spins & _SERVER_YIELD == 0:
+                idle += 1
+                if idle & _SERVER_YIELD == 0:
                     await trio.lowlevel.checkpoint()
 
 
@@ -418,10 +424,10 @@ async def _uam_polled(
     am: UamService, channel: int, size: int, count: int, replies: _Replies
 ) -> None:
     poll, request = am.poll, am.request_nowait
-    spins = 0
     for index in range(count):
         target = replies.count + 1
         request(channel, _UAM_ECHO, *_UAM_WORDS)
+        spins = 0  # empty polls in this wait
         while replies.count < target:
             if not poll():
                 spins += 1

@@ -170,7 +170,9 @@ def yield_when_idle(on: bool) -> None:
 
 
 def relax(spins: int) -> None:
-    """Call from a busy-poll loop after each empty poll, with a running count.
+    """Call from a busy-poll loop after each empty poll, with the count of empty polls since
+    the last arrival (a count kept across arrivals would give the CPU away in the middle of a
+    busy exchange, a system call on the round trip).
 
     Every 64th empty poll gives the CPU away (``sched_yield``): when both processes of a
     channel land on one CPU (2 cores and other load), the peer then runs within tens of

@@ -125,6 +125,7 @@ def _peer_poll(endpoint: ShmEndpoint, channel: int, spec: PeerSpec) -> None:
             idle()
             continue
         on, data = arrival
+        spins = 0  # (idle() gives the CPU away after 64 empty polls in a row)
         if spec.role == "echo":
             while True:
                 try:
