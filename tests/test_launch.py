@@ -154,8 +154,8 @@ def test_shm_ranks_wait_by_whether_each_can_have_a_cpu(
 ) -> None:
     assert 1 <= launch.usable_cpus() <= (os.cpu_count() or 1)
     monkeypatch.setattr(launch, "usable_cpus", lambda: 2)
-    # A CPU each: shm's spin, the CPU given away every 64th empty poll; more ranks than CPUs:
-    # a longer spin that gives the CPU away after every empty poll.
+    # A CPU each: shm's spin, the CPU given away after 64 empty polls in a row; more ranks
+    # than CPUs: a longer spin that gives the CPU away after every empty poll.
     assert shm_wait_policy(1, {}) == shm_wait_policy(2, {}) == (SPIN_TIME, False)
     assert shm_wait_policy(3, {}) == shm_wait_policy(8, {}) == (OVERSUBSCRIBED_SPIN, True)
     assert shm_spin_time(8, {}) == OVERSUBSCRIBED_SPIN > SPIN_TIME > 0
