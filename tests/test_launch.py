@@ -66,8 +66,12 @@ if rank == 1:
     while len(os.listdir(directory)) < size - 1:
         time.sleep(0.01)
     sys.exit(3)
-with open(os.path.join(directory, f"{rank}.pid"), "w") as handle:
+# Written beside the directory, then moved in: a file in it is whole (its readers wait for
+# the directory to fill).
+staged = os.path.join(directory, os.pardir, f"{rank}.pid.staged")
+with open(staged, "w") as handle:
     handle.write(str(os.getpid()))
+os.replace(staged, os.path.join(directory, f"{rank}.pid"))
 time.sleep(60)
 """
 
