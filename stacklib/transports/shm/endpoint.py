@@ -634,9 +634,9 @@ class ShmEndpoint(Endpoint):
 
     def _spin_poll(self) -> Message | None:
         """:meth:`poll` for up to ``hot_spin`` seconds without yielding (the clock read every
-        8th poll, so a reply is seen within a poll or so of its arrival, and first at the 8th:
-        a reply on a busy channel usually comes before it, and the reading is a call): the
-        message, or None."""
+        32nd poll, so a reply is seen within a poll or so of its arrival, and first at the
+        32nd: a reply on a busy channel comes before it, a microsecond or two, and the reading
+        is a call): the message, or None."""
         hot_spin = self.shm_ni.hot_spin
         if not hot_spin:
             return None
@@ -647,7 +647,7 @@ class ShmEndpoint(Endpoint):
             if message is not None:
                 return message
             spins += 1
-            if spins & 7 == 0:
+            if spins & 31 == 0:
                 if not hot:
                     hot = time.perf_counter() + hot_spin
                 elif time.perf_counter() >= hot:
@@ -667,7 +667,7 @@ class ShmEndpoint(Endpoint):
             if arrival is not None:
                 return arrival
             spins += 1
-            if spins & 7 == 0:
+            if spins & 31 == 0:
                 if not hot:
                     hot = time.perf_counter() + hot_spin
                 elif time.perf_counter() >= hot:
