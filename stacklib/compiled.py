@@ -87,6 +87,7 @@ HOT_MODULES: tuple[str, ...] = (
     "transports/shm/ring_core.py",
     "transports/shm/ring.py",
     "transports/shm/link.py",
+    "transports/shm/polling.py",
     "transports/shm/endpoint.py",
     "transports/shm/ni.py",
     "layers/uam/paths.py",
@@ -109,6 +110,7 @@ C_EXTENSIONS: tuple[str, ...] = (
     "layers/uam/_uamcore.c",
     "layers/splitc/_splitccore.c",
     "unet/_trioprobe.c",
+    "unet/_quickawait.c",
 )
 ENVIRONMENT = "STACKLIB_COMPILED"
 #: Compiled copies kept after a build: the new one and the most recently built others (each

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import collections.abc
 import importlib.util
 import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -32,3 +34,11 @@ def load_c_extension(relative: str, work: Path, what: str) -> ModuleType:
     spec.loader.exec_module(module)
     sys.modules.pop(original.stem, None)
     return module
+
+
+def load_quick(work: Path) -> Any:
+    """``quick`` of ``unet/_quickawait.c``, built in ``work``, its awaitables registered as
+    coroutines (as :data:`stacklib.unet.polled.QUICK` registers them)."""
+    module = load_c_extension("unet/_quickawait.c", work, "the quick awaitable")
+    collections.abc.Coroutine.register(module.QuickAwait)
+    return module.quick

@@ -10,6 +10,7 @@ it.  Transports subclass both; the OS service creates the NI's ``endpoint_class`
 from __future__ import annotations
 
 import abc
+import collections.abc
 import os
 import time
 from collections.abc import Callable
@@ -76,6 +77,26 @@ def _c_cancelled() -> Callable[[], bool] | None:
 #: is that test in Python: a thread-local's attribute and two attributes of trio's classes,
 #: each through the generic look-up).
 _C_CANCELLED: Final = _c_cancelled()
+
+
+def _c_quick() -> Callable[[Callable[..., object], Callable[..., Any]], Callable[..., Any]] | None:
+    """``quick(fast, slow)`` of ``_quickawait.c`` (built by ``stacklib compile`` into the
+    compiled copy), its awaitables registered as :class:`collections.abc.Coroutine` (trio
+    starts tasks only from coroutines); None where it is not built."""
+    try:
+        from stacklib.unet._quickawait import QuickAwait, quick
+    except ImportError:
+        return None
+    collections.abc.Coroutine.register(QuickAwait)
+    return quick
+
+
+#: ``quick(fast, slow)``: a call whose ``call(obj, *args)`` is an awaitable with the result of
+#: ``fast(obj, *args)`` unless that is ``NotImplemented``, else that of awaiting the coroutine
+#: ``slow(obj, *args)`` (``_quickawait.c``): an ``await`` that does not wait then makes no
+#: coroutine.  None where the C form is not built: the real transports' ``await`` calls are
+#: then their coroutines.
+QUICK: Final = _c_quick()
 
 
 def cancel_point() -> bool:

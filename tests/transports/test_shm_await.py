@@ -14,15 +14,32 @@ import trio
 
 from stacklib.errors import EndpointClosed
 from stacklib.transports.shm import ShmEndpoint, ShmNetwork
+from stacklib.transports.shm import endpoint as endpoint_module
 from stacklib.transports.shm.endpoint import YIELD_EVERY
 from stacklib.unet import EndpointConfig, connect, polled
+from tests.c_extension import load_quick
 from tests.transports.ticker import Ticker
 
 Pair = tuple[ShmEndpoint, ShmEndpoint, int, int]
 
 
-@pytest.fixture
-def pair() -> Iterator[Pair]:
+@pytest.fixture(scope="module")
+def quick_form(tmp_path_factory: pytest.TempPathFactory) -> object:
+    """``quick`` of ``_quickawait.c``, built here (the compiled copy's receive calls use it)."""
+    return load_quick(tmp_path_factory.mktemp("quickawait"))
+
+
+@pytest.fixture(params=["coroutine", "quick"])
+def pair(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pair]:
+    """Two endpoints joined by a channel, their receive calls in either form: the coroutine
+    (the reference; the pure modules) or the quick awaitable over it (the compiled copy)."""
+    if request.param == "coroutine" and endpoint_module.QUICK is not None:
+        pytest.skip("the compiled copy's calls always take the quick form")
+    if request.param == "quick":
+        calls = endpoint_module.quick_calls(request.getfixturevalue("quick_form"))
+        names = ("_QUICK_SEND", "_QUICK_SEND_PAYLOAD", "_QUICK_RECV", "_QUICK_RECV_PAYLOAD")
+        for name, call in zip(names, calls, strict=True):
+            monkeypatch.setattr(endpoint_module, name, call)
     # 4 KiB rings and a send queue of 4: a burst of 200-byte messages fills both.
     config = EndpointConfig(send_queue=4, recv_queue=64, free_queue=64, rx_buffers=16)
     with ShmNetwork(ring_bytes=4096, max_message=1024, spin_time=0.0) as network:
@@ -31,6 +48,15 @@ def pair() -> Iterator[Pair]:
         ep_b = b.os.create_endpoint(b.os.process("y"), config, port=1)
         assert isinstance(ep_a, ShmEndpoint) and isinstance(ep_b, ShmEndpoint)
         ch_a, ch_b = connect(ep_a, ep_b)
+        form = "QuickAwait" if request.param == "quick" else "coroutine"
+        for call in (
+            ep_a.recv(),
+            ep_a.recv_payload(),
+            ep_a.send(ch_a, b""),
+            ep_a.send_payload_async(ch_a, b""),
+        ):
+            assert type(call).__name__ == form
+            call.close()
         yield ep_a, ep_b, ch_a, ch_b
 
 

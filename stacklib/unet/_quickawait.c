@@ -1,0 +1,344 @@
+/* An awaitable that finishes in its first send when it can: the cheap form of an `await`
+ * call that usually does not wait.
+ *
+ * quick(fast, slow) returns a call; its call(obj, *args) (at most two args) returns an
+ * awaitable.  When awaited (its first send), that calls fast(obj, *args): a result other than
+ * NotImplemented is the await's result at once (no coroutine, no StopIteration: the
+ * interpreter takes it through the am_send slot).  NotImplemented means the call must wait,
+ * yield or be cancelled: the awaitable then creates the coroutine slow(obj, *args) and passes
+ * every send, throw and close on to it until it finishes.  Nothing runs before the first send,
+ * as with a coroutine.
+ *
+ * The reference is the one coroutine the caller would otherwise await: fast returns
+ * NotImplemented whenever that would await anything, having done only what slow then takes
+ * into account, and otherwise returns what it would have returned, with the same effects
+ * (stacklib/transports/shm/endpoint.py keeps the pairs; tests/unet/test_quick_await.py pins
+ * this type, tests/transports/test_shm_await.py runs the endpoint's calls in both forms).
+ *
+ * A mypyc coroutine costs an `await` that does not wait some 800 instructions beyond the call
+ * it wraps (its objects, created and freed, and the send protocol).  This one is called as one
+ * object (the pair's call: no bound method, no argument tuple; a form with both cost more than
+ * the coroutine it replaced), reuses freed awaitables, and is tracked by the collector only
+ * once it holds a coroutine.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+
+#define MAX_ARGS 3 /* obj and up to two arguments */
+#define FREE_LIST 16
+
+/* quick(fast, slow): the call that makes the awaitables of one pair of halves. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *fast, *slow;
+    vectorcallfunc vectorcall;
+} Maker;
+
+typedef struct {
+    PyObject_HEAD
+    Maker *maker;
+    PyObject *args[MAX_ARGS]; /* obj, then the call's arguments */
+    Py_ssize_t nargs;
+    PyObject *delegate; /* slow(obj, ...) once fast declined; NULL before and after */
+    int state;          /* FRESH, DELEGATING or DONE */
+} Quick;
+
+enum { FRESH, DELEGATING, DONE };
+
+static PyTypeObject MakerType, QuickType;
+static PyObject *s_throw, *s_close;
+
+/* Freed awaitables kept for the next ones (an await that does not wait makes one and frees
+ * it at once: the allocator's and the collector's work, each time, was a third of its cost). */
+static Quick *free_list[FREE_LIST];
+static int free_count = 0;
+
+static PyObject *Maker_call(Maker *maker, PyObject *const *args, size_t nargsf,
+                            PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs < 1 || nargs > MAX_ARGS || (kwnames != NULL && PyTuple_GET_SIZE(kwnames))) {
+        PyErr_Format(PyExc_TypeError,
+                     "a quick call takes obj and at most %d more positional arguments (%zd "
+                     "given)",
+                     MAX_ARGS - 1, nargs);
+        return NULL;
+    }
+    Quick *self;
+    if (free_count) {
+        self = free_list[--free_count];
+        PyObject_Init((PyObject *)self, &QuickType);
+    } else {
+        self = PyObject_GC_New(Quick, &QuickType);
+        if (self == NULL) {
+            return NULL;
+        }
+    }
+    Py_INCREF(maker);
+    self->maker = maker;
+    self->nargs = nargs;
+    for (Py_ssize_t i = 0; i < MAX_ARGS; i++) {
+        self->args[i] = i < nargs ? Py_NewRef(args[i]) : NULL;
+    }
+    self->delegate = NULL;
+    self->state = FRESH;
+    /* Tracked by the collector only once it holds a coroutine (the one reference that can
+     * lead back to it); until then it holds the maker and the call's arguments. */
+    return (PyObject *)self;
+}
+
+static PyObject *make_maker(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "quick(fast, slow) takes 2 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    Maker *maker = PyObject_New(Maker, &MakerType);
+    if (maker == NULL) {
+        return NULL;
+    }
+    maker->fast = Py_NewRef(args[0]);
+    maker->slow = Py_NewRef(args[1]);
+    maker->vectorcall = (vectorcallfunc)Maker_call;
+    return (PyObject *)maker;
+}
+
+static void Maker_dealloc(Maker *maker) {
+    Py_DECREF(maker->fast);
+    Py_DECREF(maker->slow);
+    PyObject_Free(maker);
+}
+
+static int Quick_traverse(Quick *self, visitproc visit, void *arg) {
+    Py_VISIT(self->maker);
+    for (Py_ssize_t i = 0; i < MAX_ARGS; i++) {
+        Py_VISIT(self->args[i]);
+    }
+    Py_VISIT(self->delegate);
+    return 0;
+}
+
+static int Quick_clear(Quick *self) {
+    Py_CLEAR(self->maker);
+    for (Py_ssize_t i = 0; i < MAX_ARGS; i++) {
+        Py_CLEAR(self->args[i]);
+    }
+    Py_CLEAR(self->delegate);
+    return 0;
+}
+
+static void Quick_dealloc(Quick *self) {
+    if (PyObject_GC_IsTracked((PyObject *)self)) {
+        PyObject_GC_UnTrack(self);
+    }
+    Quick_clear(self);
+    if (free_count < FREE_LIST) {
+        free_list[free_count++] = self;
+    } else {
+        PyObject_GC_Del(self);
+    }
+}
+
+static PyObject *Quick_await(PyObject *self) {
+    Py_INCREF(self);
+    return self;
+}
+
+/* The delegate finished (returned or raised): the awaitable is done. */
+static void finish(Quick *self) {
+    self->state = DONE;
+    Py_CLEAR(self->delegate);
+}
+
+static PySendResult Quick_am_send(Quick *self, PyObject *arg, PyObject **result) {
+    if (self->state == FRESH) {
+        if (self->maker == NULL) { /* (cleared by the collector) */
+            PyErr_SetString(PyExc_RuntimeError, "quick awaitable: cleared");
+            *result = NULL;
+            return PYGEN_ERROR;
+        }
+        if (arg != Py_None) {
+            PyErr_SetString(PyExc_TypeError,
+                            "can't send non-None value to a just-started quick awaitable");
+            *result = NULL;
+            return PYGEN_ERROR;
+        }
+        PyObject *value = PyObject_Vectorcall(self->maker->fast, self->args, self->nargs, NULL);
+        if (value == NULL) {
+            self->state = DONE;
+            *result = NULL;
+            return PYGEN_ERROR;
+        }
+        if (value != Py_NotImplemented) {
+            self->state = DONE;
+            *result = value;
+            return PYGEN_RETURN;
+        }
+        Py_DECREF(value);
+        self->delegate = PyObject_Vectorcall(self->maker->slow, self->args, self->nargs, NULL);
+        if (self->delegate == NULL) {
+            self->state = DONE;
+            *result = NULL;
+            return PYGEN_ERROR;
+        }
+        if (Py_TYPE(self->delegate)->tp_as_async == NULL ||
+            Py_TYPE(self->delegate)->tp_as_async->am_send == NULL) {
+            PyErr_Format(PyExc_TypeError, "quick awaitable: slow() returned %.100s, not a coroutine",
+                         Py_TYPE(self->delegate)->tp_name);
+            finish(self);
+            *result = NULL;
+            return PYGEN_ERROR;
+        }
+        self->state = DELEGATING;
+        PyObject_GC_Track(self);
+    } else if (self->state == DONE) {
+        PyErr_SetString(PyExc_RuntimeError, "cannot reuse an already awaited quick awaitable");
+        *result = NULL;
+        return PYGEN_ERROR;
+    }
+    PySendResult sent = PyIter_Send(self->delegate, arg, result);
+    if (sent != PYGEN_NEXT) {
+        finish(self);
+    }
+    return sent;
+}
+
+/* The generator protocol's send(), for callers that drive the object by hand (trio starts
+ * a task's coroutine with it). */
+static PyObject *Quick_send(Quick *self, PyObject *arg) {
+    PyObject *result;
+    PySendResult sent = Quick_am_send(self, arg, &result);
+    if (sent == PYGEN_NEXT) {
+        return result;
+    }
+    if (sent == PYGEN_RETURN) {
+        if (result == Py_None) {
+            PyErr_SetNone(PyExc_StopIteration);
+        } else {
+            PyObject *stop = PyObject_CallOneArg(PyExc_StopIteration, result);
+            if (stop != NULL) {
+                PyErr_SetObject(PyExc_StopIteration, stop);
+                Py_DECREF(stop);
+            }
+        }
+        Py_DECREF(result);
+    }
+    return NULL;
+}
+
+static PyObject *Quick_iternext(Quick *self) {
+    return Quick_send(self, Py_None);
+}
+
+/* throw(): into the delegate while there is one; otherwise raised here, as a coroutine that
+ * has not started or has finished raises what is thrown into it (and is done). */
+static PyObject *Quick_throw(Quick *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "throw() takes 1 to 3 arguments");
+        return NULL;
+    }
+    if (self->state == DELEGATING) {
+        PyObject *delegate = self->delegate;
+        Py_INCREF(delegate);
+        PyObject *call[4] = {delegate, args[0], nargs > 1 ? args[1] : NULL,
+                             nargs > 2 ? args[2] : NULL};
+        PyObject *result = PyObject_VectorcallMethod(s_throw, call, (size_t)nargs + 1, NULL);
+        Py_DECREF(delegate);
+        if (result == NULL) {
+            finish(self); /* it returned (StopIteration) or raised */
+        }
+        return result;
+    }
+    self->state = DONE;
+    PyObject *type = args[0], *value = nargs > 1 ? args[1] : Py_None;
+    if (PyExceptionInstance_Check(type)) {
+        PyErr_SetObject((PyObject *)Py_TYPE(type), type);
+    } else if (PyExceptionClass_Check(type)) {
+        PyErr_SetObject(type, value);
+    } else {
+        PyErr_SetString(PyExc_TypeError,
+                        "exceptions must be classes or instances deriving from BaseException");
+    }
+    return NULL;
+}
+
+static PyObject *Quick_close(Quick *self, PyObject *unused) {
+    if (self->state == DELEGATING) {
+        PyObject *delegate = self->delegate;
+        Py_INCREF(delegate);
+        PyObject *result = PyObject_CallMethodNoArgs(delegate, s_close);
+        Py_DECREF(delegate);
+        finish(self);
+        return result;
+    }
+    self->state = DONE;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Quick_methods[] = {
+    {"send", (PyCFunction)Quick_send, METH_O, "send(value): the coroutine protocol's send"},
+    {"throw", (PyCFunction)(void (*)(void))Quick_throw, METH_FASTCALL,
+     "throw(exception): into the waiting coroutine, else raised here"},
+    {"close", (PyCFunction)Quick_close, METH_NOARGS, "close(): closes the waiting coroutine"},
+    {NULL},
+};
+
+static PyAsyncMethods Quick_async = {
+    .am_await = Quick_await,
+    .am_send = (sendfunc)Quick_am_send,
+};
+
+static PyTypeObject QuickType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "stacklib.unet._quickawait.QuickAwait",
+    .tp_basicsize = sizeof(Quick),
+    .tp_dealloc = (destructor)Quick_dealloc,
+    .tp_as_async = &Quick_async,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "An awaitable from quick(fast, slow)(obj, *args).",
+    .tp_traverse = (traverseproc)Quick_traverse,
+    .tp_clear = (inquiry)Quick_clear,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)Quick_iternext,
+    .tp_methods = Quick_methods,
+};
+
+static PyTypeObject MakerType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "stacklib.unet._quickawait.QuickCall",
+    .tp_basicsize = sizeof(Maker),
+    .tp_dealloc = (destructor)Maker_dealloc,
+    .tp_vectorcall_offset = offsetof(Maker, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "quick(fast, slow): called with (obj, *args), an awaitable of the two halves.",
+};
+
+static PyMethodDef methods[] = {
+    {"quick", (PyCFunction)(void (*)(void))make_maker, METH_FASTCALL,
+     "quick(fast, slow): a call whose (obj, *args) is an awaitable with the result of "
+     "fast(obj, *args) unless that is NotImplemented, else that of awaiting slow(obj, *args)."},
+    {NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_quickawait", "An await that finishes in its first send.", -1,
+    methods,
+};
+
+PyMODINIT_FUNC PyInit__quickawait(void) {
+    s_throw = PyUnicode_InternFromString("throw");
+    s_close = PyUnicode_InternFromString("close");
+    if (s_throw == NULL || s_close == NULL || PyType_Ready(&QuickType) < 0 ||
+        PyType_Ready(&MakerType) < 0) {
+        return NULL;
+    }
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) {
+        return NULL;
+    }
+    Py_INCREF(&QuickType);
+    if (PyModule_AddObject(m, "QuickAwait", (PyObject *)&QuickType) < 0) {
+        Py_DECREF(&QuickType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
