@@ -41,7 +41,8 @@ region descriptors over a UNIX socket through the same interface.
 The package, one job per module: :mod:`~stacklib.transports.shm.region` (layout, header,
 brokers), :mod:`~stacklib.transports.shm.ring` (one direction's records),
 :mod:`~stacklib.transports.shm.link` (a channel's rings and peer liveness),
-:mod:`~stacklib.transports.shm.ni`, :mod:`~stacklib.transports.shm.endpoint` and
+:mod:`~stacklib.transports.shm.ni`, :mod:`~stacklib.transports.shm.polling` (the endpoint's
+calls that never wait), :mod:`~stacklib.transports.shm.endpoint` (its ``await`` faces) and
 :mod:`~stacklib.transports.shm.network`.  Benchmark peer processes live in
 :mod:`stacklib.bench.peers.shm`.
 """
