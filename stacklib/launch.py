@@ -199,9 +199,9 @@ def shm_wait_policy(size: int, env: Mapping[str, str] | None = None) -> tuple[fl
     """How a rank's blocking calls over shm wait, with ``size`` ranks on this host: (seconds
     they spin before sleeping, whether each empty poll gives the CPU away).
 
-    While every rank can have a CPU of its own: shm's default spin, the CPU given away every
-    64th empty poll.  Once the ranks outnumber the CPUs: :data:`OVERSUBSCRIBED_SPIN`, the CPU
-    given away after every empty poll, so the rank waited for runs at once and the waiting
+    While every rank can have a CPU of its own: shm's default spin, the CPU given away after
+    64 empty polls in a row.  Once the ranks outnumber the CPUs: :data:`OVERSUBSCRIBED_SPIN`,
+    the CPU given away after every empty poll, so the rank waited for runs at once and the waiting
     rank answers without a wake-up (an MPI library's policy on an oversubscribed node;
     docs/launching.md has the measurements).  ``STACKLIB_SPIN_US`` (microseconds, 0: no spin)
     and ``STACKLIB_YIELD_WHEN_IDLE`` (0 or 1) override either.

@@ -117,7 +117,10 @@ static int Quick_traverse(Quick *self, visitproc visit, void *arg) {
     return 0;
 }
 
+/* (Also the collector's tp_clear: a cleared awaitable is done, so a call that reaches it
+ * later raises instead of finding its references gone.) */
 static int Quick_clear(Quick *self) {
+    self->state = DONE;
     Py_CLEAR(self->maker);
     for (Py_ssize_t i = 0; i < MAX_ARGS; i++) {
         Py_CLEAR(self->args[i]);
@@ -151,11 +154,6 @@ static void finish(Quick *self) {
 
 static PySendResult Quick_am_send(Quick *self, PyObject *arg, PyObject **result) {
     if (self->state == FRESH) {
-        if (self->maker == NULL) { /* (cleared by the collector) */
-            PyErr_SetString(PyExc_RuntimeError, "quick awaitable: cleared");
-            *result = NULL;
-            return PYGEN_ERROR;
-        }
         if (arg != Py_None) {
             PyErr_SetString(PyExc_TypeError,
                             "can't send non-None value to a just-started quick awaitable");
@@ -195,7 +193,10 @@ static PySendResult Quick_am_send(Quick *self, PyObject *arg, PyObject **result)
         *result = NULL;
         return PYGEN_ERROR;
     }
-    PySendResult sent = PyIter_Send(self->delegate, arg, result);
+    PyObject *delegate = self->delegate; /* (held: the send may run code that closes us) */
+    Py_INCREF(delegate);
+    PySendResult sent = PyIter_Send(delegate, arg, result);
+    Py_DECREF(delegate);
     if (sent != PYGEN_NEXT) {
         finish(self);
     }

@@ -178,8 +178,8 @@ _YIELD: Final = _YieldPolicy()
 
 
 def yield_when_idle(on: bool) -> None:
-    """Make :func:`relax` give the CPU away after every empty poll (``on``) or after every
-    64th (the default), for this whole process.
+    """Make :func:`relax` give the CPU away after every empty poll (``on``) or after 64 in a
+    row (the default), for this whole process.
 
     For a process that shares its CPUs with more busy-polling processes than there are CPUs
     (the ranks of a program outnumbering the cores): each empty poll then lets another
@@ -195,7 +195,7 @@ def relax(spins: int) -> None:
     the last arrival (a count kept across arrivals would give the CPU away in the middle of a
     busy exchange, a system call on the round trip).
 
-    Every 64th empty poll gives the CPU away (``sched_yield``): when both processes of a
+    The 64th empty poll in a row gives the CPU away (``sched_yield``): when both processes of a
     channel land on one CPU (2 cores and other load), the peer then runs within tens of
     microseconds instead of after a whole scheduler time slice.  Across CPUs it costs one
     system call per 64 empty polls, and none while messages flow.  After
