@@ -103,9 +103,12 @@ def shm_pingpong(iterations: int, size: int = 40, mode: str = "poll", warmup: in
     (both sides ``await send``/``recv``, the :class:`Message` face) or ``trio-payload`` (both
     sides ``await send_payload_async``/``recv_payload``).
     """
-    with ShmNetwork() as network:
+    mine, theirs = placement(False)
+    with ShmNetwork() as network, pinned(mine):
         endpoint, channel = open_endpoint(network)
-        peer = spawn_peer(PeerSpec(network.directory, "peer", 1, "main", 1, role="echo", mode=mode))
+        peer = spawn_peer(
+            PeerSpec(network.directory, "peer", 1, "main", 1, role="echo", mode=mode, cpu=theirs)
+        )
         try:
             _wait_attached(endpoint, channel)
             message = bytes(size)

@@ -9,6 +9,19 @@
  * every send, throw and close on to it until it finishes.  Nothing runs before the first send,
  * as with a coroutine.
  *
+ * quick(fast, slow, test=None, method=None, arity=-1) adds, for a call that stands in for a
+ * method of a class:
+ * - test: called with no arguments at the first send, before fast; a true result skips fast
+ *   (the slow coroutine does the whole call).  The cancellation test an `await` makes every
+ *   time, called from here rather than from fast.
+ * - method: the method the call replaces in its class's dict.  The call is then a method
+ *   descriptor as a Python function is (obj.name(...) calls it with obj first and makes no
+ *   bound method), shows the method's name and docstring (and __wrapped__), and passes on to
+ *   it every call it does not take: keyword arguments, or other than `arity` arguments after
+ *   obj (-1: from none to two).
+ * fast, when it is a method descriptor of a C class taking fast-call arguments (a compiled
+ * method), is called at its C function for an obj of its class.
+ *
  * The reference is the one coroutine the caller would otherwise await: fast returns
  * NotImplemented whenever that would await anything, having done only what slow then takes
  * into account, and otherwise returns what it would have returned, with the same effects
@@ -33,6 +46,13 @@ typedef struct {
     PyObject_HEAD
     PyObject *fast, *slow;
     vectorcallfunc vectorcall;
+    PyObject *test;   /* or NULL */
+    PyCFunction test_c; /* test's C function, where test is a no-argument builtin */
+    PyObject *test_self;
+    PyObject *method; /* the method this call replaces, or NULL */
+    Py_ssize_t arity; /* the arguments after obj it takes; -1: 0 to MAX_ARGS - 1 */
+    _PyCFunctionFastWithKeywords fast_c; /* fast's C function (a C method), or NULL */
+    PyTypeObject *fast_class;              /* the class fast_c takes obj of */
 } Maker;
 
 typedef struct {
@@ -57,11 +77,22 @@ static int free_count = 0;
 static PyObject *Maker_call(Maker *maker, PyObject *const *args, size_t nargsf,
                             PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (nargs < 1 || nargs > MAX_ARGS || (kwnames != NULL && PyTuple_GET_SIZE(kwnames))) {
-        PyErr_Format(PyExc_TypeError,
-                     "a quick call takes obj and at most %d more positional arguments (%zd "
-                     "given)",
-                     MAX_ARGS - 1, nargs);
+    if (nargs < 1 || nargs > MAX_ARGS || (kwnames != NULL && PyTuple_GET_SIZE(kwnames)) ||
+        (maker->arity >= 0 && nargs != maker->arity + 1)) {
+        if (maker->method != NULL) { /* a call the pair does not take: the method's */
+            return PyObject_Vectorcall(maker->method, args, nargsf, kwnames);
+        }
+        if (maker->arity >= 0) {
+            PyErr_Format(PyExc_TypeError,
+                         "a quick call takes obj and %zd more positional arguments, no keywords "
+                         "(%zd given)",
+                         maker->arity, nargs);
+        } else {
+            PyErr_Format(PyExc_TypeError,
+                         "a quick call takes obj and at most %d more positional arguments, no "
+                         "keywords (%zd given)",
+                         MAX_ARGS - 1, nargs);
+        }
         return NULL;
     }
     Quick *self;
@@ -87,26 +118,119 @@ static PyObject *Maker_call(Maker *maker, PyObject *const *args, size_t nargsf,
     return (PyObject *)self;
 }
 
-static PyObject *make_maker(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "quick(fast, slow) takes 2 arguments (%zd given)", nargs);
+static PyObject *make_maker(PyObject *module, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"fast", "slow", "test", "method", "arity", NULL};
+    PyObject *fast, *slow, *test = Py_None, *method = Py_None;
+    Py_ssize_t arity = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OOn:quick", keywords, &fast, &slow, &test,
+                                     &method, &arity)) {
         return NULL;
     }
-    Maker *maker = PyObject_New(Maker, &MakerType);
+    if (arity < -1 || arity > MAX_ARGS - 1) {
+        PyErr_Format(PyExc_ValueError, "quick(): arity must be -1 to %d, not %zd", MAX_ARGS - 1,
+                     arity);
+        return NULL;
+    }
+    Maker *maker = PyObject_GC_New(Maker, &MakerType);
     if (maker == NULL) {
         return NULL;
     }
-    maker->fast = Py_NewRef(args[0]);
-    maker->slow = Py_NewRef(args[1]);
+    maker->fast = Py_NewRef(fast);
+    maker->slow = Py_NewRef(slow);
     maker->vectorcall = (vectorcallfunc)Maker_call;
+    maker->test = test == Py_None ? NULL : Py_NewRef(test);
+    maker->test_c = NULL;
+    maker->test_self = NULL;
+    if (maker->test != NULL && PyCFunction_Check(test) &&
+        (PyCFunction_GET_FLAGS(test) & ~METH_COEXIST) == METH_NOARGS) {
+        maker->test_c = PyCFunction_GET_FUNCTION(test);
+        maker->test_self = PyCFunction_GET_SELF(test);
+    }
+    maker->method = method == Py_None ? NULL : Py_NewRef(method);
+    maker->arity = arity;
+    maker->fast_c = NULL;
+    maker->fast_class = NULL;
+    if (Py_IS_TYPE(fast, &PyMethodDescr_Type)) {
+        PyMethodDef *def = ((PyMethodDescrObject *)fast)->d_method;
+        if ((def->ml_flags & ~METH_COEXIST) == (METH_FASTCALL | METH_KEYWORDS)) {
+            maker->fast_c = (_PyCFunctionFastWithKeywords)(void (*)(void))def->ml_meth;
+            maker->fast_class = PyDescr_TYPE(fast); /* (held by the descriptor) */
+        }
+    }
+    PyObject_GC_Track(maker);
     return (PyObject *)maker;
 }
 
-static void Maker_dealloc(Maker *maker) {
-    Py_DECREF(maker->fast);
-    Py_DECREF(maker->slow);
-    PyObject_Free(maker);
+static int Maker_traverse(Maker *maker, visitproc visit, void *arg) {
+    Py_VISIT(maker->fast);
+    Py_VISIT(maker->slow);
+    Py_VISIT(maker->test);
+    Py_VISIT(maker->method);
+    return 0;
 }
+
+static int Maker_clear(Maker *maker) {
+    maker->fast_c = NULL;
+    maker->test_c = NULL;
+    Py_CLEAR(maker->fast);
+    Py_CLEAR(maker->slow);
+    Py_CLEAR(maker->test);
+    Py_CLEAR(maker->method);
+    return 0;
+}
+
+static void Maker_dealloc(Maker *maker) {
+    PyObject_GC_UnTrack(maker);
+    Maker_clear(maker);
+    PyObject_GC_Del(maker);
+}
+
+/* A method descriptor, as a Python function is: bound to an instance it is a bound method. */
+static PyObject *Maker_get(PyObject *self, PyObject *obj, PyObject *type) {
+    if (obj == NULL || obj == Py_None) {
+        return Py_NewRef(self);
+    }
+    return PyMethod_New(self, obj);
+}
+
+/* The replaced method's attribute `name` (its name, docstring), or `otherwise`. */
+static PyObject *method_attribute(Maker *maker, const char *name, const char *otherwise) {
+    if (maker->method != NULL) {
+        return PyObject_GetAttrString(maker->method, name);
+    }
+    return PyUnicode_FromString(otherwise);
+}
+
+static PyObject *Maker_name(Maker *maker, void *unused) {
+    return method_attribute(maker, "__name__", "quick");
+}
+
+static PyObject *Maker_qualname(Maker *maker, void *unused) {
+    return method_attribute(maker, "__qualname__", "quick");
+}
+
+static PyObject *Maker_doc(Maker *maker, void *unused) {
+    if (maker->method == NULL) {
+        Py_RETURN_NONE;
+    }
+    return PyObject_GetAttrString(maker->method, "__doc__");
+}
+
+static PyObject *Maker_wrapped(Maker *maker, void *unused) {
+    if (maker->method == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "a quick call made without method= wraps none");
+        return NULL;
+    }
+    return Py_NewRef(maker->method);
+}
+
+static PyGetSetDef Maker_getset[] = {
+    {"__name__", (getter)Maker_name, NULL, "the replaced method's name", NULL},
+    {"__qualname__", (getter)Maker_qualname, NULL, "the replaced method's qualified name", NULL},
+    {"__doc__", (getter)Maker_doc, NULL, "the replaced method's docstring", NULL},
+    {"__wrapped__", (getter)Maker_wrapped, NULL, "the replaced method", NULL},
+    {NULL},
+};
 
 static int Quick_traverse(Quick *self, visitproc visit, void *arg) {
     Py_VISIT(self->maker);
@@ -160,7 +284,39 @@ static PySendResult Quick_am_send(Quick *self, PyObject *arg, PyObject **result)
             *result = NULL;
             return PYGEN_ERROR;
         }
-        PyObject *value = PyObject_Vectorcall(self->maker->fast, self->args, self->nargs, NULL);
+        Maker *maker = self->maker;
+        PyObject *value;
+        if (maker->fast == NULL) { /* (cleared by the collector: a cycle through its class) */
+            PyErr_SetString(PyExc_RuntimeError, "quick awaitable: its call was cleared");
+            self->state = DONE;
+            *result = NULL;
+            return PYGEN_ERROR;
+        }
+        int skip = 0; /* the test found the call must take the slow way */
+        if (maker->test != NULL) {
+            PyObject *verdict = maker->test_c != NULL ? maker->test_c(maker->test_self, NULL)
+                                                      : PyObject_CallNoArgs(maker->test);
+            if (verdict == NULL) {
+                self->state = DONE;
+                *result = NULL;
+                return PYGEN_ERROR;
+            }
+            skip = verdict == Py_True ? 1 : verdict == Py_False ? 0 : PyObject_IsTrue(verdict);
+            Py_DECREF(verdict);
+            if (skip < 0) {
+                self->state = DONE;
+                *result = NULL;
+                return PYGEN_ERROR;
+            }
+        }
+        if (skip) {
+            value = Py_NewRef(Py_NotImplemented);
+        } else if (maker->fast_c != NULL && PyObject_TypeCheck(self->args[0], maker->fast_class)) {
+            /* (what the descriptor's call does after its own class check) */
+            value = maker->fast_c(self->args[0], self->args + 1, self->nargs - 1, NULL);
+        } else {
+            value = PyObject_Vectorcall(maker->fast, self->args, self->nargs, NULL);
+        }
         if (value == NULL) {
             self->state = DONE;
             *result = NULL;
@@ -172,7 +328,7 @@ static PySendResult Quick_am_send(Quick *self, PyObject *arg, PyObject **result)
             return PYGEN_RETURN;
         }
         Py_DECREF(value);
-        self->delegate = PyObject_Vectorcall(self->maker->slow, self->args, self->nargs, NULL);
+        self->delegate = PyObject_Vectorcall(maker->slow, self->args, self->nargs, NULL);
         if (self->delegate == NULL) {
             self->state = DONE;
             *result = NULL;
@@ -308,14 +464,20 @@ static PyTypeObject MakerType = {
     .tp_dealloc = (destructor)Maker_dealloc,
     .tp_vectorcall_offset = offsetof(Maker, vectorcall),
     .tp_call = PyVectorcall_Call,
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "quick(fast, slow): called with (obj, *args), an awaitable of the two halves.",
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC |
+                Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_traverse = (traverseproc)Maker_traverse,
+    .tp_clear = (inquiry)Maker_clear,
+    .tp_descr_get = Maker_get,
+    .tp_getset = Maker_getset,
 };
 
 static PyMethodDef methods[] = {
-    {"quick", (PyCFunction)(void (*)(void))make_maker, METH_FASTCALL,
-     "quick(fast, slow): a call whose (obj, *args) is an awaitable with the result of "
-     "fast(obj, *args) unless that is NotImplemented, else that of awaiting slow(obj, *args)."},
+    {"quick", (PyCFunction)(void (*)(void))make_maker, METH_VARARGS | METH_KEYWORDS,
+     "quick(fast, slow, test=None, method=None, arity=-1): a call whose (obj, *args) is an "
+     "awaitable with the result of fast(obj, *args) unless that is NotImplemented (or test() "
+     "is true), else that of awaiting slow(obj, *args); with method, a method descriptor "
+     "standing in for it."},
     {NULL},
 };
 

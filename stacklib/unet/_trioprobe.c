@@ -7,10 +7,10 @@
  * trio's per-thread run context (a thread-local attribute) and two attributes of trio's
  * slotted classes, each through the generic attribute look-up.  Here the context's dict is
  * looked up once per thread switch (keyed by the thread state; looked up again when found
- * without a task, as a new thread may reuse a finished one's state), and the two fields are
- * read at their slots' offsets, found once from the member descriptors of the classes given
- * to install() and used only for objects of exactly those classes; anything else takes the
- * generic look-up.  tests/unet/test_trio_probe.py runs both forms side by side.
+ * without a task, as a new thread may reuse a finished one's state; the task found is kept
+ * while the dict's version tag is unchanged), and the two fields are read at their slots'
+ * offsets, found once from the member descriptors of the classes given to install() and used
+ * only for objects of exactly those classes; anything else takes the generic look-up.  tests/unet/test_trio_probe.py runs both forms side by side.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -24,6 +24,16 @@ static PyObject *s_task, *s_dict, *s_cancel_status, *s_effectively_cancelled;
 /* The last thread's context dict (a strong reference) and its thread state. */
 static PyThreadState *cached_thread = NULL;
 static PyObject *cached_dict = NULL;
+/* The task last found in cached_dict (borrowed: the dict holds it while unchanged) and the
+ * dict's version then.  Python 3.11 gives every change to a dict a new version tag, so an
+ * unchanged tag means the same task (trio writes the field at every task switch) and saves
+ * the look-up, a third of this test; later versions made the tag private: there, always the
+ * look-up. */
+#if PY_VERSION_HEX < 0x030C0000
+#define DICT_VERSIONS 1
+static PyObject *cached_task = NULL;
+static uint64_t cached_version = 0; /* (0: no dict has it) */
+#endif
 
 /* The offset of the object slot `name` of `type` (a member descriptor), or -1. */
 static Py_ssize_t slot_offset(PyTypeObject *type, PyObject *name) {
@@ -56,6 +66,10 @@ static PyObject *install(PyObject *module, PyObject *const *args, Py_ssize_t nar
     effective_offset = slot_offset(status_type, s_effectively_cancelled);
     cached_thread = NULL;
     Py_CLEAR(cached_dict);
+#ifdef DICT_VERSIONS
+    cached_task = NULL;
+    cached_version = 0;
+#endif
     return Py_BuildValue("(nn)", status_offset, effective_offset);
 }
 
@@ -78,8 +92,18 @@ static PyObject *field(PyObject *obj, PyTypeObject *type, Py_ssize_t offset, PyO
 static PyObject *current_task(void) {
     PyThreadState *thread = PyThreadState_Get();
     if (thread == cached_thread && cached_dict != NULL) {
+#ifdef DICT_VERSIONS
+        uint64_t version = ((PyDictObject *)cached_dict)->ma_version_tag;
+        if (version == cached_version) {
+            return cached_task;
+        }
+#endif
         PyObject *task = PyDict_GetItemWithError(cached_dict, s_task);
         if (task != NULL) {
+#ifdef DICT_VERSIONS
+            cached_task = task;
+            cached_version = version;
+#endif
             return task;
         }
         PyErr_Clear();
@@ -96,6 +120,10 @@ static PyObject *current_task(void) {
     if (task == NULL) {
         PyErr_Clear();
     }
+#ifdef DICT_VERSIONS
+    cached_task = task;
+    cached_version = task != NULL ? ((PyDictObject *)dict)->ma_version_tag : 0;
+#endif
     return task;
 }
 

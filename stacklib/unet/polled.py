@@ -79,10 +79,10 @@ def _c_cancelled() -> Callable[[], bool] | None:
 _C_CANCELLED: Final = _c_cancelled()
 
 
-def _c_quick() -> Callable[[Callable[..., object], Callable[..., Any]], Callable[..., Any]] | None:
-    """``quick(fast, slow)`` of ``_quickawait.c`` (built by ``stacklib compile`` into the
-    compiled copy), its awaitables registered as :class:`collections.abc.Coroutine` (trio
-    starts tasks only from coroutines); None where it is not built."""
+def _c_quick() -> Callable[..., Callable[..., Any]] | None:
+    """``quick`` of ``_quickawait.c`` (built by ``stacklib compile`` into the compiled copy),
+    its awaitables registered as :class:`collections.abc.Coroutine` (trio starts tasks only
+    from coroutines); None where it is not built."""
     try:
         from stacklib.unet._quickawait import QuickAwait, quick
     except ImportError:
@@ -91,11 +91,14 @@ def _c_quick() -> Callable[[Callable[..., object], Callable[..., Any]], Callable
     return quick
 
 
-#: ``quick(fast, slow)``: a call whose ``call(obj, *args)`` is an awaitable with the result of
-#: ``fast(obj, *args)`` unless that is ``NotImplemented``, else that of awaiting the coroutine
-#: ``slow(obj, *args)`` (``_quickawait.c``): an ``await`` that does not wait then makes no
-#: coroutine.  None where the C form is not built: the real transports' ``await`` calls are
-#: then their coroutines.
+#: ``quick(fast, slow, test=None, method=None, arity=-1)``: a call whose ``call(obj, *args)``
+#: is an awaitable with the result of ``fast(obj, *args)`` unless that is ``NotImplemented``
+#: (or ``test()`` is true), else that of awaiting the coroutine ``slow(obj, *args)``
+#: (``_quickawait.c``): an ``await`` that does not wait then makes no coroutine.  With
+#: ``method``, the call is a method descriptor that stands in for that method in its class
+#: (and passes it the calls it does not take: keywords, other than ``arity`` arguments).  None
+#: where the C form is not built: the real transports' ``await`` calls are then their
+#: coroutines.
 QUICK: Final = _c_quick()
 
 
@@ -165,6 +168,11 @@ def cancelled() -> bool:
     except AttributeError:  # not in a trio task
         return True
     return bool(task._cancel_status.effectively_cancelled)
+
+
+#: :func:`cancelled` as the quick calls' ``test``: its C form where built (called at its C
+#: function, without a call through Python), else the function.
+CANCELLED_TEST: Final[Callable[[], bool]] = _C_CANCELLED if _C_CANCELLED is not None else cancelled
 
 
 class _YieldPolicy:

@@ -40,6 +40,8 @@ def pair(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Ite
         names = ("_QUICK_SEND", "_QUICK_SEND_PAYLOAD", "_QUICK_RECV", "_QUICK_RECV_PAYLOAD")
         for name, call in zip(names, calls, strict=True):
             monkeypatch.setattr(endpoint_module, name, call)
+        for name, call in zip(endpoint_module._METHODS, calls, strict=True):
+            monkeypatch.setattr(ShmEndpoint, name, call)  # as install_quick_calls does
     # 4 KiB rings and a send queue of 4: a burst of 200-byte messages fills both.
     config = EndpointConfig(send_queue=4, recv_queue=64, free_queue=64, rx_buffers=16)
     with ShmNetwork(ring_bytes=4096, max_message=1024, spin_time=0.0) as network:

@@ -147,10 +147,16 @@ def test_close_closes_the_waiting_coroutine(quick: Any) -> None:
 
 
 def test_misuse_names_the_problem(quick: Any) -> None:
-    with pytest.raises(TypeError, match=r"quick\(fast, slow\) takes 2 arguments \(1 given\)"):
+    with pytest.raises(TypeError, match=r"quick\(\) missing required argument 'slow'"):
         quick(fast)
     with pytest.raises(TypeError, match="obj and at most 2 more positional arguments"):
         quick(fast, slow)(1, 2, 3, 4)
+    with pytest.raises(TypeError, match="no keywords"):
+        quick(fast, slow)(Box(1), key=2)
+    with pytest.raises(TypeError, match="obj and 1 more positional arguments"):
+        quick(fast, slow, arity=1)(Box(1))
+    with pytest.raises(ValueError, match="arity must be -1 to 2, not 3"):
+        quick(fast, slow, arity=3)
     awaitable = quick(fast, lambda box: "not a coroutine")(Box(NotImplemented))
     with pytest.raises(TypeError, match="slow\\(\\) returned str, not a coroutine"):
         awaitable.send(None)
@@ -175,3 +181,120 @@ def test_freed_awaitables_are_reused_cleanly(quick: Any) -> None:
             with pytest.raises(StopIteration) as stop:
                 awaitable.send(None)
             assert stop.value.value == index + round_
+
+
+async def test_a_true_test_skips_fast_for_slow(quick: Any) -> None:
+    verdicts: list[object] = []
+
+    def test() -> object:
+        return verdicts.pop(0)
+
+    box = Box("ready")
+    call = quick(fast, slow, test)
+    verdicts[:] = [False, 1, 0, True]  # any truth: bool or not
+    assert await call(box) == "ready"
+    assert await call(box) == "waited"
+    assert await call(box) == "ready"
+    awaitable = call(box)
+    assert verdicts == [True]  # the test runs at the first send, not at the call
+    assert box.log == ["fast", "slow", "slow done", "fast"]  # no fast for the true test
+    assert await awaitable == "waited"
+    assert box.log[4:] == ["slow", "slow done"]
+
+
+async def test_the_test_runs_at_the_first_send_only_and_its_errors_are_raised(quick: Any) -> None:
+    ran: list[str] = []
+
+    def test() -> bool:
+        ran.append("test")
+        return False
+
+    awaitable = quick(fast, slow, test)(Box(NotImplemented))
+    assert ran == []
+    assert await awaitable == "waited"
+    assert ran == ["test"]  # not again while the coroutine runs
+
+    def broken() -> bool:
+        raise OSError("the test failed")
+
+    box = Box(1)
+    with pytest.raises(OSError, match="the test failed"):
+        await quick(fast, slow, broken)(box)
+    assert box.log == []  # neither half ran
+
+
+async def test_a_builtin_test_is_called_at_its_c_function(quick: Any) -> None:
+    assert await quick(fast, slow, bool)(Box("ready")) == "ready"  # bool(): False
+    assert await quick(fast, slow, object().__hash__)(Box("ready")) == "waited"  # nonzero
+
+
+class Service:
+    """A class whose ``call`` the quick call replaces (as the shm endpoint's await calls)."""
+
+    def __init__(self, ready: object) -> None:
+        self.box = Box(ready)
+
+    async def call(self, channel: int, data: bytes, *, flag: bool = False) -> object:
+        """The reference coroutine: its docstring is the quick call's."""
+        return ("method", channel, data, flag)
+
+
+def service_fast(service: Service, channel: int, data: bytes) -> object:
+    service.box.log.append("fast")
+    return service.box.ready if service.box.ready is NotImplemented else (channel, data)
+
+
+async def service_slow(service: Service, channel: int, data: bytes) -> object:
+    service.box.log.append("slow")
+    await trio.sleep(0)
+    return ("slow", channel, data)
+
+
+async def test_standing_in_for_a_method(quick: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    method = Service.call
+    call = quick(service_fast, service_slow, None, method, 2)
+    assert call.__name__ == "call" and call.__qualname__ == "Service.call"
+    assert call.__doc__ == method.__doc__ and call.__wrapped__ is method
+    monkeypatch.setattr(Service, "call", call)
+    service = Service("ready")
+    assert Service.call is call  # on the class: itself
+    assert await service.call(1, b"x") == (1, b"x")  # looked up and called (no bound method)
+    bound = service.call
+    assert bound.__self__ is service and await bound(2, b"y") == (2, b"y")
+    # Calls the pair does not take are the method's: keywords, or other argument counts.
+    assert await service.call(3, b"z", flag=True) == ("method", 3, b"z", True)
+    with pytest.raises(TypeError, match="missing 1 required positional argument"):
+        service.call(4)
+    assert service.box.log == ["fast", "fast"]
+    waiting = Service(NotImplemented)
+    assert await waiting.call(5, b"w") == ("slow", 5, b"w")
+    assert waiting.box.log == ["fast", "slow"]
+    plain = quick(fast, slow)
+    assert plain.__name__ == "quick" and plain.__doc__ is None
+    with pytest.raises(AttributeError, match="wraps none"):
+        getattr(plain, "__wrapped__")  # noqa: B009
+
+
+async def test_a_c_method_as_fast_is_called_at_its_function(quick: Any) -> None:
+    # list.sort: a method descriptor of a C class taking fast-call arguments, as a compiled
+    # method is; its result (None) is the await's.
+    items = [3, 1, 2]
+    assert await quick(list.sort, slow)(items) is None
+    assert items == [1, 2, 3]
+    # An obj not of its class takes the generic call, which names the problem.
+    with pytest.raises(TypeError, match=r"'sort' .* 'list' .* 'str'"):
+        await quick(list.sort, slow)("not a list")
+
+
+def test_a_call_in_a_cycle_through_its_class_is_collected(quick: Any) -> None:
+    class Holder:
+        async def call(self) -> None:
+            """Replaced."""
+
+    Holder.call = quick(fast, slow, None, Holder.call, 0)  # type: ignore[method-assign]
+    awaitable = Holder.call(Box(5))  # (a Box as obj: the pair takes any)
+    del Holder
+    gc.collect()  # the class, its dict and the call: a cycle, collected
+    with pytest.raises(StopIteration) as stop:
+        awaitable.send(None)  # a call made before still runs (it holds the call alive)
+    assert stop.value.value == 5

@@ -1,9 +1,10 @@
 """The C form of the cheap cancellation test (``_trioprobe.c``) against ``polled.cancelled``.
 
-The C form reads trio's run context once per thread switch and two fields of trio's task and
-cancel-status classes at their slots; the reference reads the three attributes.  Both are run
-side by side wherever the answer can differ: inside and outside a trio task, in cancelled and
-shielded scopes, from two threads in their own runs taking turns, on a thread that finds a
+The C form reads trio's run context once per thread switch (its task again only when the
+context's dict changed) and two fields of trio's task and cancel-status classes at their
+slots; the reference reads the three attributes.  Both are run side by side wherever the
+answer can differ: inside and outside a trio task, in cancelled and shielded scopes, from two
+tasks and from two threads in their own runs taking turns, on a thread that finds a
 finished thread's emptied context, and on objects of other classes (the generic look-up).  The
 extension is compiled here into a temporary directory with the compiler ``stacklib compile``
 uses; the tests skip, saying why, where there is none.
@@ -68,6 +69,30 @@ def test_inside_scopes_both_see_the_calling_tasks_status(probe: ModuleType) -> N
         return seen
 
     assert trio.run(main) == [(False, False), (True, True)] + [(False, False)] * 3
+
+
+def test_two_tasks_taking_turns_each_see_their_own_status(probe: ModuleType) -> None:
+    """The task kept while the context dict is unchanged: trio writes the field at every
+    switch, so each turn of two tasks in one thread sees its own."""
+    seen: dict[str, list[tuple[bool, bool]]] = {"cancelled": [], "running": []}
+
+    async def turns(name: str) -> None:
+        with trio.CancelScope(shield=name == "running") as scope:
+            if name == "cancelled":
+                scope.cancel()
+            for _ in range(20):
+                seen[name].append(both(probe))
+                seen[name].append(both(probe))  # twice in a turn: the kept task
+                await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(turns, "cancelled")
+            nursery.start_soon(turns, "running")
+
+    trio.run(main)
+    assert seen["cancelled"] == [(True, True)] * 40
+    assert seen["running"] == [(False, False)] * 40
 
 
 def test_two_threads_taking_turns_each_see_their_own_task(probe: ModuleType) -> None:

@@ -4,7 +4,8 @@ that never wait (:class:`~stacklib.transports.shm.polling.ShmPollingEndpoint`).
 Blocking calls poll for ``spin_time`` seconds with trio checkpoints, then sleep
 (:meth:`ShmNI.idle_wait`); a receive first polls without yielding for ``hot_spin`` seconds.
 Where the compiled copy is built, a call that neither waits nor yields makes no coroutine
-(:data:`~stacklib.unet.polled.QUICK`).
+(:data:`~stacklib.unet.polled.QUICK`), and the four ``await`` calls in the class's dict are
+those quick calls (:func:`install_quick_calls`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from stacklib.compiled import mypyc_attr
 from stacklib.errors import UNetError
 from stacklib.transports.shm.polling import _ERROR, _POSTED, YIELD_EVERY, ShmPollingEndpoint
 from stacklib.unet.endpoint import Message
-from stacklib.unet.polled import QUICK, cancel_point, cancelled
+from stacklib.unet.polled import CANCELLED_TEST, QUICK, cancel_point, cancelled
 from stacklib.unet.polled import relax as relax
 from stacklib.wire.descriptor import SendDescriptor
 
@@ -52,11 +53,12 @@ class ShmEndpoint(ShmPollingEndpoint):
         return cast("Coroutine[Any, Any, SendDescriptor]", quick(self, channel, data))
 
     def _send_now(self, channel: int, data: bytes | bytearray | memoryview) -> object:
-        """:meth:`send`'s quick half: the descriptor of a message that went into the ring (or
-        was refused) with no wait and no yield; else ``NotImplemented``, having sent nothing,
-        or having queued the message behind a full ring (:attr:`_quick_queued`)."""
+        """:meth:`send`'s quick half, called once the task was found not cancelled: the
+        descriptor of a message that went into the ring (or was refused) with no wait and no
+        yield; else ``NotImplemented``, having sent nothing, or having queued the message
+        behind a full ring (:attr:`_quick_queued`)."""
         unyielded = self._unyielded
-        if unyielded >= self.yield_every - 1 or cancelled():
+        if unyielded >= self.yield_every - 1:
             return NotImplemented
         try:
             descriptor = self.send_nowait(channel, data)
@@ -118,7 +120,7 @@ class ShmEndpoint(ShmPollingEndpoint):
     def _send_payload_now(self, channel: int, data: bytes | bytearray | memoryview) -> object:
         """:meth:`_send_now` for :meth:`send_payload_async` (None when sent)."""
         unyielded = self._unyielded
-        if unyielded >= self.yield_every - 1 or cancelled():
+        if unyielded >= self.yield_every - 1:
             return NotImplemented
         try:
             self.send_payload(channel, data)
@@ -228,9 +230,13 @@ class ShmEndpoint(ShmPollingEndpoint):
         that many calls' work.
 
         Where the compiled copy is built, the call that neither waits nor yields makes no
-        coroutine: :data:`~stacklib.unet.polled.QUICK`'s awaitable runs :meth:`_recv_now` when
-        awaited and only falls back to :meth:`_recv_slow`, a coroutine, otherwise; the
-        coroutine :meth:`_recv_full` is the reference, and what runs where it is not built.
+        coroutine: :data:`~stacklib.unet.polled.QUICK`'s awaitable tests for cancellation and
+        runs :meth:`_recv_now` when awaited, and only falls back to :meth:`_recv_slow`, a
+        coroutine, otherwise; the coroutine :meth:`_recv_full` is the reference, and what
+        runs where it is not built.  There the class's ``recv`` (and ``send``,
+        ``send_payload_async``, ``recv_payload``) is that quick call itself, a method
+        descriptor in C (:func:`install_quick_calls`): a Python caller reaches it without
+        this method's call.
         """
         quick = _QUICK_RECV
         if quick is None:
@@ -238,11 +244,11 @@ class ShmEndpoint(ShmPollingEndpoint):
         return cast("Coroutine[Any, Any, Message]", quick(self))
 
     def _recv_now(self) -> object:
-        """:meth:`recv`'s quick half: its message where it would neither wait nor yield (the
-        cancellation test, the poll, the hot spin), else ``NotImplemented``, having done
-        nothing the slow half does not do again."""
+        """:meth:`recv`'s quick half, called once the task was found not cancelled: its
+        message where it would neither wait nor yield (the poll, the hot spin), else
+        ``NotImplemented``, having done nothing the slow half does not do again."""
         unyielded = self._unyielded
-        if unyielded >= self.yield_every - 1 or cancelled():
+        if unyielded >= self.yield_every - 1:
             return NotImplemented
         message = self.poll()
         if message is None:
@@ -289,7 +295,7 @@ class ShmEndpoint(ShmPollingEndpoint):
     def _recv_payload_now(self) -> object:
         """:meth:`_recv_now` for :meth:`recv_payload`."""
         unyielded = self._unyielded
-        if unyielded >= self.yield_every - 1 or cancelled():
+        if unyielded >= self.yield_every - 1:
             return NotImplemented
         arrival = self.poll_payload()
         if arrival is None:
@@ -383,21 +389,55 @@ class ShmEndpoint(ShmPollingEndpoint):
                 return arrival
 
 
+#: The four ``await`` calls as compiled (or written): what the quick calls stand in for.
+_METHODS: Final = {
+    name: vars(ShmEndpoint)[name]
+    for name in ("send", "send_payload_async", "recv", "recv_payload")
+}
+
+
 def quick_calls(
-    quick: Callable[[Callable[..., object], Callable[..., Any]], Callable[..., Any]] | None,
+    quick: Callable[..., Callable[..., Any]] | None,
 ) -> tuple[Callable[..., Any] | None, ...]:
     """The quick forms of :meth:`ShmEndpoint.send`, ``send_payload_async``, ``recv`` and
     ``recv_payload`` made with ``quick`` (:data:`~stacklib.unet.polled.QUICK`; None: none).
-    Each pairs the call's quick half with its slow one, unbound: the awaitable calls them with
-    the endpoint, and no bound method is made per call."""
+
+    Each pairs the call's quick half with its slow one, unbound (the awaitable calls them with
+    the endpoint: no bound method per call), tests for cancellation itself before the quick
+    half (:func:`~stacklib.unet.polled.cancelled`, called at its C function where it is
+    built), and stands in for the method in the class's dict: ``endpoint.recv()`` is then one
+    call in C, and a call the pair does not take (``send``'s ``dest_offset``) goes to the
+    method.
+    """
     if quick is None:
         return (None, None, None, None)
+    test = CANCELLED_TEST
     return (
-        quick(ShmEndpoint._send_now, ShmEndpoint._send_slow),
-        quick(ShmEndpoint._send_payload_now, ShmEndpoint._send_payload_slow),
-        quick(ShmEndpoint._recv_now, ShmEndpoint._recv_slow),
-        quick(ShmEndpoint._recv_payload_now, ShmEndpoint._recv_payload_slow),
+        quick(ShmEndpoint._send_now, ShmEndpoint._send_slow, test, _METHODS["send"], 2),
+        quick(
+            ShmEndpoint._send_payload_now,
+            ShmEndpoint._send_payload_slow,
+            test,
+            _METHODS["send_payload_async"],
+            2,
+        ),
+        quick(ShmEndpoint._recv_now, ShmEndpoint._recv_slow, test, _METHODS["recv"], 0),
+        quick(
+            ShmEndpoint._recv_payload_now,
+            ShmEndpoint._recv_payload_slow,
+            test,
+            _METHODS["recv_payload"],
+            0,
+        ),
     )
+
+
+def install_quick_calls(calls: tuple[Callable[..., Any] | None, ...]) -> None:
+    """Put :func:`quick_calls`' calls into :class:`ShmEndpoint`'s dict in place of the four
+    methods (None: the methods themselves), for callers that look them up there (Python code;
+    compiled callers call the methods, which make the same awaitables)."""
+    for (name, method), call in zip(_METHODS.items(), calls, strict=True):
+        setattr(ShmEndpoint, name, method if call is None else call)
 
 
 # (Final: the compiled module reads each from a C static, not from the module's dict.)
@@ -406,3 +446,4 @@ _QUICK_SEND: Final = _QUICK_CALLS[0]
 _QUICK_SEND_PAYLOAD: Final = _QUICK_CALLS[1]
 _QUICK_RECV: Final = _QUICK_CALLS[2]
 _QUICK_RECV_PAYLOAD: Final = _QUICK_CALLS[3]
+install_quick_calls(_QUICK_CALLS)
