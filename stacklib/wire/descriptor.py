@@ -89,6 +89,7 @@ import attrs
 import construct
 from construct import this
 
+from stacklib.compiled import mypyc_attr
 from stacklib.errors import FormatError
 from stacklib.wire import registry
 from stacklib.wire.codec import derive_codec
@@ -134,6 +135,7 @@ class RecvKind(enum.IntEnum):
     DIRECT = 2  #: deposited at ``dest_offset`` by direct-access U-Net (paper 000 §3.6)
 
 
+@mypyc_attr(free_list_len=1)
 class SendDescriptor:
     """A message to send on ``channel``: fragments in the segment, or ``inline`` bytes.
 
@@ -141,7 +143,7 @@ class SendDescriptor:
     destination endpoint's segment (paper 000 §3.6).  The NI writes ``status`` and ``error``.
     Compared by identity (each descriptor is one queue entry).  A plain class, not an attrs
     one: a send builds one per message on the hot paths, and the compiled copy builds a plain
-    class natively.
+    class natively (reusing the last one freed).
     """
 
     __slots__ = ("channel", "dest_offset", "error", "fragments", "inline", "status")
