@@ -391,8 +391,7 @@ class ShmEndpoint(ShmPollingEndpoint):
 
 #: The four ``await`` calls as compiled (or written): what the quick calls stand in for.
 _METHODS: Final = {
-    name: vars(ShmEndpoint)[name]
-    for name in ("send", "send_payload_async", "recv", "recv_payload")
+    name: vars(ShmEndpoint)[name] for name in ("send", "send_payload_async", "recv", "recv_payload")
 }
 
 
