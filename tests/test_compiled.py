@@ -39,7 +39,28 @@ with recorder.installed():
 # UAM request/reply and Split-C reads over an shm pair in this process: on the copy, the C
 # cores' express lane with the compiled service (it raises on a wrong read or reply).
 real = sorted(splitc_read_cpu(100, 1))
+# The shm endpoint's await calls (on the copy: the quick calls in the class's dict), each
+# face and send's keyword form, between two endpoints of this process.
+import trio
+from stacklib.bench.real import open_endpoint
+from stacklib.transports.shm import ShmNetwork
+from stacklib.transports.shm.endpoint import ShmEndpoint
+async def faces(a, ch_a, b, ch_b):
+    got = []
+    for index in range(300):  # past a yield (every 256 calls)
+        await a.send(ch_a, b"m%d" % index)
+        got.append((await b.recv()).data)
+        await b.send_payload_async(ch_b, b"p%d" % index)
+        got.append((await a.recv_payload())[1])
+    await a.send(ch_a, b"kw", dest_offset=None)
+    got.append((await b.recv()).data)
+    return got == [b"%s%d" % (f, i) for i in range(300) for f in (b"m", b"p")] + [b"kw"]
+with ShmNetwork() as network:
+    a, ch_a = open_endpoint(network, name="a", remote="b")
+    b, ch_b = open_endpoint(network, name="b", remote="a")
+    awaits = trio.run(faces, a, ch_a, b, ch_b)
 print(json.dumps({
+    "awaits": [awaits, type(vars(ShmEndpoint)["recv"]).__name__],
     "times": [r.total for r in atm.results + fe.results],
     "ok": [r.ok for r in atm.results + fe.results],
     "recipes": recipes,
@@ -195,6 +216,7 @@ def test_the_compiled_copy_gives_the_pure_modules_numbers(
     assert fast["recipes"] == pure["recipes"]
     assert fast["trace"] == pure["trace"] and pure["trace"]
     assert fast["real"] == pure["real"] == ["share", "splitc", "uam"]
+    assert pure["awaits"] == [True, "function"] and fast["awaits"] == [True, "QuickCall"]
     # A process on the copy measures its benchmarks' pure rows in a spawned worker on the
     # pure modules (the worker inherits sys.path, which must not lead it into the copy).
     probe = tmp_path / "probe.py"
