@@ -65,6 +65,21 @@ def test_bench_real_measures_the_await_faces_in_one_process_and_between_two() ->
         "await send_payload_async/recv_payload",
     ]
     assert all(float(row["value"]) > 0 for row in result.rows)  # type: ignore[arg-type]
+    assert result.rows[0]["target"] == result.rows[0]["met"] == "-"  # no busy-poll row to judge by
+
+
+def test_the_await_faces_are_judged_against_busy_poll_in_the_same_run() -> None:
+    from stacklib.bench.real import AWAIT_FACTOR, AWAIT_TARGET
+
+    result = bench_real(iterations=200, repeat=1, only=["shm", "trio", "triopay"], pure=True)
+    rows = {str(row["measurement"]): row for row in result.rows}
+    busy = next(row for name, row in rows.items() if "busy-poll" in name)
+    faces = [row for name, row in rows.items() if "trio await" in name]
+    assert len(faces) == 2
+    for face in faces:
+        assert face["target"] == AWAIT_TARGET
+        within = float(face["value"]) <= AWAIT_FACTOR * float(busy["value"])  # type: ignore[arg-type]
+        assert face["met"] == ("yes" if within else "no")
 
 
 def test_shm_await_cpu_rejects_an_unknown_face() -> None:
