@@ -37,6 +37,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
+#include <string.h>
 
 #define MAX_ARGS 3 /* obj and up to two arguments */
 #define FREE_LIST 16
@@ -193,27 +194,17 @@ static PyObject *Maker_get(PyObject *self, PyObject *obj, PyObject *type) {
     return PyMethod_New(self, obj);
 }
 
-/* The replaced method's attribute `name` (its name, docstring), or `otherwise`. */
-static PyObject *method_attribute(Maker *maker, const char *name, const char *otherwise) {
+/* The replaced method's attribute named by the getset's closure (its name, qualified name or
+ * docstring); without a method, "quick" for the names and None for the docstring. */
+static PyObject *Maker_borrowed(Maker *maker, void *closure) {
+    const char *name = closure;
     if (maker->method != NULL) {
         return PyObject_GetAttrString(maker->method, name);
     }
-    return PyUnicode_FromString(otherwise);
-}
-
-static PyObject *Maker_name(Maker *maker, void *unused) {
-    return method_attribute(maker, "__name__", "quick");
-}
-
-static PyObject *Maker_qualname(Maker *maker, void *unused) {
-    return method_attribute(maker, "__qualname__", "quick");
-}
-
-static PyObject *Maker_doc(Maker *maker, void *unused) {
-    if (maker->method == NULL) {
+    if (strcmp(name, "__doc__") == 0) {
         Py_RETURN_NONE;
     }
-    return PyObject_GetAttrString(maker->method, "__doc__");
+    return PyUnicode_FromString("quick");
 }
 
 static PyObject *Maker_wrapped(Maker *maker, void *unused) {
@@ -225,9 +216,10 @@ static PyObject *Maker_wrapped(Maker *maker, void *unused) {
 }
 
 static PyGetSetDef Maker_getset[] = {
-    {"__name__", (getter)Maker_name, NULL, "the replaced method's name", NULL},
-    {"__qualname__", (getter)Maker_qualname, NULL, "the replaced method's qualified name", NULL},
-    {"__doc__", (getter)Maker_doc, NULL, "the replaced method's docstring", NULL},
+    {"__name__", (getter)Maker_borrowed, NULL, "the replaced method's name", "__name__"},
+    {"__qualname__", (getter)Maker_borrowed, NULL, "the replaced method's qualified name",
+     "__qualname__"},
+    {"__doc__", (getter)Maker_borrowed, NULL, "the replaced method's docstring", "__doc__"},
     {"__wrapped__", (getter)Maker_wrapped, NULL, "the replaced method", NULL},
     {NULL},
 };
