@@ -410,24 +410,15 @@ def quick_calls(
     """
     if quick is None:
         return (None, None, None, None)
-    test = CANCELLED_TEST
-    return (
-        quick(ShmEndpoint._send_now, ShmEndpoint._send_slow, test, _METHODS["send"], 2),
-        quick(
-            ShmEndpoint._send_payload_now,
-            ShmEndpoint._send_payload_slow,
-            test,
-            _METHODS["send_payload_async"],
-            2,
-        ),
-        quick(ShmEndpoint._recv_now, ShmEndpoint._recv_slow, test, _METHODS["recv"], 0),
-        quick(
-            ShmEndpoint._recv_payload_now,
-            ShmEndpoint._recv_payload_slow,
-            test,
-            _METHODS["recv_payload"],
-            0,
-        ),
+    halves = {  # the name's quick half, slow half and arguments after the endpoint
+        "send": (ShmEndpoint._send_now, ShmEndpoint._send_slow, 2),
+        "send_payload_async": (ShmEndpoint._send_payload_now, ShmEndpoint._send_payload_slow, 2),
+        "recv": (ShmEndpoint._recv_now, ShmEndpoint._recv_slow, 0),
+        "recv_payload": (ShmEndpoint._recv_payload_now, ShmEndpoint._recv_payload_slow, 0),
+    }
+    return tuple(
+        quick(halves[name][0], halves[name][1], CANCELLED_TEST, method, halves[name][2])
+        for name, method in _METHODS.items()
     )
 
 
